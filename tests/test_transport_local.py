@@ -1,0 +1,326 @@
+"""The local transport against real subprocesses: exit codes, environment, deadlines, bounds."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from apg_farm.bedenv import bed_environment
+from apg_farm.transports.base import CommandResult, Transport
+from apg_farm.transports.capture import omitted_marker
+from apg_farm.transports.local import LocalTransport
+
+BASH = shutil.which("bash") or "/bin/bash"
+PY = sys.executable
+MiB = 1 << 20
+DDEV_FAILURE = re.compile(r"Failed to run (\S+) ?(.*?)(?:; error=|: )exit status (\d+)\s*$")
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    transport: Transport | None = None,
+    cwd: str = "/",
+    env: dict[str, str] | None = None,
+    timeout: float = 10.0,
+    limit: int = MiB,
+) -> CommandResult:
+    """Run through a LocalTransport with test defaults."""
+    return (transport or LocalTransport()).run(
+        argv,
+        cwd=cwd,
+        env=bed_environment() if env is None else env,
+        timeout=timeout,
+        stdout_limit=limit,
+        stderr_limit=limit,
+    )
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (orphans are not always reaped here)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+
+
+def gone_soon(pid: int, within: float = 1.0) -> bool:
+    """True if `pid` is dead within `within` seconds."""
+    end = time.monotonic() + within
+    while alive(pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_exit_code_and_output_pass_through() -> None:
+    """rc, stdout and stderr come back as the command produced them."""
+    result = run([BASH, "-c", "echo out; echo err >&2; exit 7"])
+    assert result.rc == 7
+    assert result.stdout.data == b"out\n"
+    assert result.stderr.data == b"err\n"
+    assert not result.timed_out and result.transport_error is None
+    assert result.argv == (BASH, "-c", "echo out; echo err >&2; exit 7")
+    assert 0 < result.duration < 5
+
+
+def test_killed_by_signal_reports_negative_rc() -> None:
+    """A command that dies of a signal (not ours) reports -signal, not a timeout."""
+    result = run([BASH, "-c", "kill -KILL $$"])
+    assert result.rc == -9
+    assert not result.timed_out
+
+
+def test_stdin_is_dev_null() -> None:
+    """A command reading stdin gets end of file at once instead of hanging."""
+    result = run(["cat"], timeout=5)
+    assert result.rc == 0 and result.stdout.data == b""
+    assert result.duration < 2
+
+
+def test_environment_is_exactly_the_given_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A farm secret in os.environ reaches neither bed_environment() nor the child."""
+    monkeypatch.setenv("APG_FARM_DATABASE_URL", "postgresql://secret@db/farm")
+    env = bed_environment(extra={"AI_PG_FIXTURES": "kb_docs", "APG_FARM_ATTEMPT": "s/t/m/0"})
+    result = run(["env"], env=env)
+    assert result.rc == 0
+    seen = dict(line.split("=", 1) for line in result.stdout.text().splitlines())
+    assert seen == env
+    assert b"secret" not in result.stdout.data
+
+
+def test_empty_environment_stays_empty() -> None:
+    """With env={} the child sees no variables at all."""
+    env_bin = shutil.which("env") or "/usr/bin/env"
+    result = run([env_bin], env={})
+    assert result.rc == 0 and result.stdout.data == b""
+
+
+def test_timeout_kills_command_and_grandchild() -> None:
+    """At the deadline the whole group is stopped, grandchildren included."""
+    result = run([BASH, "-c", "sleep 60 & echo $!; wait"], timeout=1.0)
+    grandchild = int(result.stdout.data.split()[0])
+    assert result.timed_out and result.rc is None and result.transport_error is None
+    assert gone_soon(grandchild)
+    assert 1.0 <= result.duration < 3.0
+
+
+def test_timeout_escalates_to_sigkill_when_term_is_ignored() -> None:
+    """A group ignoring SIGTERM is SIGKILLed after the grace, output before that is kept."""
+    transport = LocalTransport(term_grace=0.5)
+    script = "trap '' TERM; sleep 60 & echo $!; echo before >&2; wait; sleep 60"
+    result = run([BASH, "-c", script], transport=transport, timeout=1.0)
+    grandchild = int(result.stdout.data.split()[0])
+    assert result.timed_out and result.rc is None
+    assert result.stderr.data == b"before\n"
+    assert gone_soon(grandchild)
+    assert 1.5 <= result.duration < 3.5
+
+
+def test_background_child_holding_stdout_does_not_hang() -> None:
+    """A leftover holding the pipes open is killed after the linger; rc is the main process's."""
+    transport = LocalTransport(linger=0.5, term_grace=0.5)
+    result = run([BASH, "-c", "sleep 60 & echo $!; exit 3"], transport=transport, timeout=30)
+    leftover = int(result.stdout.data.split()[0])
+    assert result.rc == 3 and not result.timed_out
+    assert gone_soon(leftover)
+    assert 0.5 <= result.duration < 2.5
+
+
+def test_background_child_without_pipes_is_stopped() -> None:
+    """A leftover that closed its pipes is stopped too, without waiting for the linger."""
+    result = run([BASH, "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], timeout=30)
+    leftover = int(result.stdout.data.split()[0])
+    assert result.rc == 0
+    assert gone_soon(leftover)
+    assert result.duration < 1.5
+
+
+def test_escaped_process_holding_stdout_does_not_hang() -> None:
+    """A process that left the group (setsid) still cannot keep run() past the linger."""
+    transport = LocalTransport(linger=0.5, term_grace=0.5)
+    script = "setsid sleep 60 & echo $!"
+    result = run([BASH, "-c", script], transport=transport, timeout=30)
+    escaped = int(result.stdout.data.split()[0])
+    try:
+        assert result.rc == 0 and not result.timed_out
+        assert 0.5 <= result.duration < 1.5
+    finally:
+        os.kill(escaped, 9)
+
+
+def _peak_reset() -> bool:
+    """Reset this process's peak RSS (VmHWM); False where the kernel does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise LookupError(field)
+
+
+def test_huge_stdout_is_bounded_head_and_tail() -> None:
+    """200 MB on stdout with a 1 MiB limit: memory stays flat, head and tail kept, total exact."""
+    body = 200 * MiB
+    code = (
+        "import sys; w = sys.stdout.buffer.write; w(b'BEGIN\\n'); block = b'.' * (1 << 20)\n"
+        f"for _ in range({body // MiB}): w(block)\n"
+        "w(b'\\nAPG_ESCROW_OK\\n')"
+    )
+    use_hwm = _peak_reset()
+    before = _status_kib("VmRSS") if use_hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = run([PY, "-c", code], timeout=60, limit=MiB)
+    peak = _status_kib("VmHWM") if use_hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    growth_mib = (peak - before) / 1024
+    print(f"\n200 MB stdout: RSS growth {growth_mib:.1f} MiB, run {result.duration:.2f} s")
+
+    total = len(b"BEGIN\n") + body + len(b"\nAPG_ESCROW_OK\n")
+    out = result.stdout
+    assert result.rc == 0
+    assert out.total == total and out.truncated
+    assert out.data.startswith(b"BEGIN\n....")
+    assert out.data.endswith(b"....\nAPG_ESCROW_OK\n")
+    marker = omitted_marker(total - MiB)
+    assert out.data.count(marker) == 1
+    assert len(out.data) == MiB + len(marker)
+    assert growth_mib < 100
+    assert result.duration < 15
+
+
+def test_last_stderr_line_survives_truncation() -> None:
+    """DDEV's failure line, written last after megabytes of noise, is kept and parseable."""
+    code = (
+        "import sys; e = sys.stderr.buffer\n"
+        "for i in range(50000): e.write(b'noise line %d\\n' % i)\n"
+        "e.write(b'Failed to run ai-eval-run t1 --agent=x; error=exit status 3\\n'); sys.exit(1)"
+    )
+    result = run([PY, "-c", code], limit=64 * 1024)
+    assert result.rc == 1
+    assert result.stderr.truncated and result.stderr.total > 64 * 1024
+    last = result.stderr.text().splitlines()[-1]
+    match = DDEV_FAILURE.search(last)
+    assert match is not None and match.group(3) == "3"
+    assert result.stderr.data.startswith(b"noise line 0\n")
+
+
+def test_both_streams_are_read_concurrently() -> None:
+    """10 MB on stderr before any stdout does not deadlock on a full pipe."""
+    code = (
+        "import sys\n"
+        "sys.stderr.buffer.write(b'e' * (10 << 20)); sys.stderr.flush()\n"
+        "sys.stdout.buffer.write(b'o' * (10 << 20))"
+    )
+    result = run([PY, "-c", code], timeout=20, limit=MiB)
+    assert result.rc == 0 and not result.timed_out
+    assert result.stderr.total == 10 * MiB and result.stdout.total == 10 * MiB
+    assert result.stdout.truncated and result.stderr.truncated
+
+
+def test_output_that_fits_is_not_truncated() -> None:
+    """Output of exactly the limit is kept whole, one byte more is truncated."""
+    exact = run([PY, "-c", "import sys; sys.stdout.buffer.write(b'x' * 1000)"], limit=1000)
+    assert exact.stdout == exact.stdout.__class__(data=b"x" * 1000, total=1000, truncated=False)
+    over = run([PY, "-c", "import sys; sys.stdout.buffer.write(b'x' * 1001)"], limit=1000)
+    assert over.stdout.truncated and over.stdout.total == 1001
+    assert over.stdout.data == b"x" * 500 + omitted_marker(1) + b"x" * 500
+
+
+def test_binary_and_nul_bytes_are_verbatim() -> None:
+    """Invalid UTF-8 and NUL are stored as written; text() decodes them safely."""
+    raw = b"ok \xff\xfe\x00 caf\xc3\xa9 \x00end\n"
+    result = run([PY, "-c", f"import sys; sys.stdout.buffer.write({raw!r})"])
+    assert result.stdout.data == raw
+    text = result.stdout.text()
+    assert "\x00" not in text
+    assert text.startswith("ok \ufffd\ufffd\ufffd café") and text.endswith("end\n")
+
+
+def test_missing_executable_is_a_transport_error() -> None:
+    """An executable that does not exist gives rc=None and a message, not an exception."""
+    for argv0 in ("/nonexistent/ddev", "no-such-command-apg-farm"):
+        result = run([argv0, "x"])
+        assert result.rc is None and not result.timed_out
+        assert result.transport_error is not None
+        assert "cannot run" in result.transport_error and argv0 in result.transport_error
+
+
+def test_missing_cwd_is_a_transport_error(tmp_path: Path) -> None:
+    """A working directory that does not exist is named in the error."""
+    missing = str(tmp_path / "no-approot")
+    result = run([BASH, "-c", "true"], cwd=missing)
+    assert result.rc is None
+    assert result.transport_error is not None
+    assert "working directory" in result.transport_error and missing in result.transport_error
+
+
+def test_permission_denied_is_a_transport_error(tmp_path: Path) -> None:
+    """A file without execute permission cannot be run and says so."""
+    script = tmp_path / "ddev"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    result = run([str(script)])
+    assert result.rc is None
+    assert result.transport_error is not None and "Permission denied" in result.transport_error
+
+
+def test_unusable_argv_is_a_transport_error() -> None:
+    """An empty argv or a NUL inside an argument is reported, not raised."""
+    assert run([]).transport_error == "empty command line"
+    result = run([BASH, "-c", "echo a\x00b"])
+    assert result.rc is None and result.transport_error is not None
+
+
+def test_read_file(tmp_path: Path) -> None:
+    """read_file gives bytes up to the limit, None for anything but a readable regular file."""
+    transport = LocalTransport()
+    data = tmp_path / "grade.json"
+    data.write_bytes(b"\x00\xff" + b"x" * 100)
+    assert transport.read_file(str(data), limit=1000) == b"\x00\xff" + b"x" * 100
+    assert transport.read_file(str(data), limit=10) == b"\x00\xff" + b"x" * 8
+    assert transport.read_file(str(data), limit=0) == b""
+    assert transport.read_file(str(tmp_path / "missing"), limit=10) is None
+    assert transport.read_file(str(tmp_path), limit=10) is None
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert transport.read_file(str(fifo), limit=10) is None  # and does not block
+    link = tmp_path / "link"
+    link.symlink_to(data)
+    assert transport.read_file(str(link), limit=10) is None
+    assert transport.read_file("/dev/zero", limit=10) is None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of mode")
+def test_read_file_unreadable(tmp_path: Path) -> None:
+    """A file without read permission gives None."""
+    secret = tmp_path / "secret"
+    secret.write_text("x")
+    secret.chmod(0)
+    assert LocalTransport().read_file(str(secret), limit=10) is None
+
+
+def test_list_dir(tmp_path: Path) -> None:
+    """list_dir returns sorted names, None for a missing path or a file."""
+    transport = LocalTransport()
+    for name in ("b", "a", ".hidden"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "runs").mkdir()
+    assert transport.list_dir(str(tmp_path)) == [".hidden", "a", "b", "runs"]
+    assert transport.list_dir(str(tmp_path / "runs")) == []
+    assert transport.list_dir(str(tmp_path / "missing")) is None
+    assert transport.list_dir(str(tmp_path / "a")) is None
