@@ -1,0 +1,134 @@
+"""The bed registry: enrolling, listing, releasing beds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+
+from apg_farm.bedenv import bed_environment
+from apg_farm.contract import check_arg
+from apg_farm.defaults import DEFAULT_FIXTURES
+from apg_farm.errors import BadInput, NotFound
+from apg_farm.specs import _NAME, pool_key
+from apg_farm.store import Bed, BedEvent, BedState, Store
+
+
+@dataclass(frozen=True)
+class NewBed:
+    """A local bed as the user describes it to `bed add`."""
+
+    name: str
+    approot: Path
+    ddev: str = "ddev"
+    fixtures: tuple[str, ...] = DEFAULT_FIXTURES
+    escrow_set: Path | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _resolve_ddev(ddev: str) -> str:
+    if "/" in ddev:
+        path = Path(ddev).expanduser().resolve()
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise BadInput(f"{ddev} is not an executable file", field="--ddev", fix="give the path of ddev")
+        return str(path)
+    found = shutil.which(ddev)
+    if found is None:
+        raise BadInput(f"{ddev!r} is not on PATH", field="--ddev", fix="install DDEV or give --ddev /path/to/ddev")
+    return found
+
+
+def validate_new_bed(bed: NewBed) -> Bed:
+    """Check everything about a bed before it is stored; every error names the flag to change."""
+    if not _NAME.fullmatch(bed.name):
+        raise BadInput(f"{bed.name!r} is not a bed name", field="NAME", fix="use letters, digits, '.', '_', '-'")
+    approot = bed.approot.expanduser()
+    if not approot.is_dir():
+        raise NotFound(f"{approot} is not a directory", field="--approot", fix="give the bed's DDEV project folder")
+    approot = approot.resolve()
+    check_arg("--approot", str(approot))
+    if not bed.fixtures:
+        raise BadInput("no fixtures given", field="--fixtures", fix="e.g. --fixtures kb_docs,canvas_home")
+    fixtures = [check_arg("--fixtures", f) for f in bed.fixtures]
+    escrow = None
+    if bed.escrow_set is not None:
+        escrow_path = bed.escrow_set.expanduser().resolve()
+        if not (escrow_path / "escrow-verify.sh").is_file():
+            raise BadInput(
+                f"{escrow_path} has no escrow-verify.sh",
+                field="--escrow-set",
+                fix="give the path `ddev ai-eval-escrow` printed",
+            )
+        if escrow_path == approot or approot in escrow_path.parents:
+            raise BadInput(
+                f"{escrow_path} is inside the bed's project, where the agent can rewrite it",
+                field="--escrow-set",
+                fix="escrow to a folder outside the project (AI_PG_ESCROW_DIR)",
+            )
+        escrow = check_arg("--escrow-set", str(escrow_path))
+    env = dict(bed.env)
+    bed_environment(base={}, extra=env)  # refuses credential-shaped or malformed names
+    return Bed(
+        name=bed.name,
+        transport="local",
+        approot=str(approot),
+        ddev=_resolve_ddev(bed.ddev),
+        fixtures=fixtures,
+        pool=pool_key(fixtures),
+        escrow_set=escrow,
+        env=env,
+        state=BedState.ACTIVE,
+    )
+
+
+def add_bed(store: Store, bed: NewBed) -> Bed:
+    """Enrol a bed; a name already taken is an error, not an update."""
+    row = validate_new_bed(bed)
+    with store.session() as session:
+        if session.scalar(select(Bed.id).where(Bed.name == bed.name)) is not None:
+            raise BadInput(f"a bed named {bed.name!r} exists", field="NAME", fix="choose another name")
+        session.add(row)
+        session.flush()
+        session.add(BedEvent(bed_id=row.id, kind="added", detail=f"{row.approot} pool={row.pool}"))
+        session.expunge(row)
+    return row
+
+
+def get_bed(store: Store, name: str) -> Bed:
+    with store.session() as session:
+        row = session.scalar(select(Bed).where(Bed.name == name))
+        if row is None:
+            raise NotFound(f"no bed named {name!r}", fix="see `apg-farm bed list`")
+        session.expunge(row)
+        return row
+
+
+def list_beds(store: Store) -> list[Bed]:
+    with store.session() as session:
+        rows = list(session.scalars(select(Bed).order_by(Bed.name)))
+        session.expunge_all()
+        return rows
+
+
+def release_bed(store: Store, name: str, *, note: str = "released by operator") -> Bed:
+    """Return a quarantined (or draining) bed to its pool after a human looked at it."""
+    with store.session() as session:
+        row = session.scalar(select(Bed).where(Bed.name == name).with_for_update())
+        if row is None:
+            raise NotFound(f"no bed named {name!r}", fix="see `apg-farm bed list`")
+        previous = row.state_reason
+        row.state = BedState.ACTIVE
+        row.state_reason = None
+        row.consecutive_errors = 0
+        session.add(BedEvent(bed_id=row.id, kind="released", detail=f"{note}; was: {previous}"))
+        session.flush()
+        session.expunge(row)
+        return row
+
+
+def record_event(store: Store, bed_id: int, kind: str, detail: str) -> None:
+    with store.session() as session:
+        session.add(BedEvent(bed_id=bed_id, kind=kind, detail=detail))

@@ -1,0 +1,172 @@
+"""Claims and leases: how a bed takes an attempt so that no attempt runs twice at once.
+
+A bed claims with one conditional UPDATE (queued -> running, its bed id, a lease, delivery + 1).
+A claim that matches no row means another bed won: it simply tries the next attempt. The holder
+renews the lease while it works; the reconciler returns attempts whose lease expired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, update
+
+from apg_farm.defaults import EXTRA_DELIVERIES
+from apg_farm.outcomes import Outcome
+from apg_farm.specs import SweepSpec
+from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Store, Sweep, utcnow
+from apg_farm.store.models import SweepState
+
+#: How many queued attempts a claimer looks at to find one it may take.
+_CANDIDATES = 64
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An attempt held by a bed, with what the engine needs to run it."""
+
+    attempt_id: int
+    execution_id: int
+    execution_number: int
+    bed_id: int
+    sweep_id: int
+    sweep_name: str
+    task: str
+    model: str
+    trial: int
+    spec: SweepSpec
+
+    @property
+    def label(self) -> str:
+        """A stable name for the attempt, also given to the bed as APG_FARM_ATTEMPT."""
+        return f"{self.sweep_name}/{self.task}/{self.model}/{self.trial}"
+
+
+def _may_take(attempt: Attempt, bed_id: int, active_beds: set[int]) -> bool:
+    # A retry goes to another bed where one exists; when every active bed already failed it,
+    # any bed may take it rather than leave it stranded.
+    excluded = set(attempt.excluded_beds or [])
+    return bed_id not in excluded or active_beds <= excluded
+
+
+def _poisoned(attempt: Attempt, spec: SweepSpec) -> bool:
+    return attempt.deliveries >= spec.retries + 1 + EXTRA_DELIVERIES
+
+
+def claim_next(
+    store: Store,
+    bed_id: int,
+    *,
+    lease_seconds: float,
+    worker: str,
+    sweep_id: int | None = None,
+    attempt_id: int | None = None,
+) -> Claim | None:
+    """Claim the next attempt this bed may run (or exactly `attempt_id`), or None."""
+    with store.session() as session:
+        bed = session.get(Bed, bed_id)
+        if bed is None or bed.state != BedState.ACTIVE:
+            return None
+        query = (
+            select(Attempt, Sweep)
+            .join(Sweep, Sweep.id == Attempt.sweep_id)
+            .where(Attempt.state == AttemptState.QUEUED, Sweep.state == SweepState.OPEN)
+            .where(Attempt.pool == bed.pool)
+            .order_by(Attempt.seq, Attempt.id)
+            .limit(_CANDIDATES)
+        )
+        if sweep_id is not None:
+            query = query.where(Attempt.sweep_id == sweep_id)
+        if attempt_id is not None:
+            query = query.where(Attempt.id == attempt_id)
+        if not store.is_sqlite:
+            # Concurrent claimers skip rows another transaction is claiming instead of queueing on them.
+            query = query.with_for_update(of=Attempt, skip_locked=True)
+        active = set(
+            session.scalars(
+                select(Bed.id).where(Bed.pool == bed.pool, Bed.state == BedState.ACTIVE)
+            )
+        )
+        now = utcnow()
+        for attempt, sweep in session.execute(query).all():
+            spec = SweepSpec.model_validate(sweep.spec)
+            if _poisoned(attempt, spec):
+                _finish_poisoned(session, attempt, now)
+                continue
+            if not _may_take(attempt, bed_id, active):
+                continue
+            won = session.execute(
+                update(Attempt)
+                .where(Attempt.id == attempt.id, Attempt.state == AttemptState.QUEUED)
+                .values(
+                    state=AttemptState.RUNNING,
+                    bed_id=bed_id,
+                    lease_expires_at=now + timedelta(seconds=lease_seconds),
+                    deliveries=Attempt.deliveries + 1,
+                )
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            if won != 1:
+                continue
+            number = (
+                session.scalar(
+                    select(func.count()).select_from(Execution).where(Execution.attempt_id == attempt.id)
+                )
+                or 0
+            ) + 1
+            execution = Execution(
+                attempt_id=attempt.id, bed_id=bed_id, number=number, worker=worker, started_at=now
+            )
+            session.add(execution)
+            session.flush()
+            return Claim(
+                attempt_id=attempt.id,
+                execution_id=execution.id,
+                execution_number=number,
+                bed_id=bed_id,
+                sweep_id=sweep.id,
+                sweep_name=sweep.name,
+                task=attempt.task,
+                model=attempt.model,
+                trial=attempt.trial,
+                spec=spec,
+            )
+    return None
+
+
+def _finish_poisoned(session: object, attempt: Attempt, now: datetime) -> None:
+    # Delivered again and again without finishing (a worker that dies on it): stop looping.
+    attempt.state = AttemptState.DONE
+    attempt.outcome = Outcome.ERROR
+    attempt.reason = f"poisoned: delivered {attempt.deliveries} times without finishing"
+    attempt.finished_at = now
+    attempt.bed_id = None
+    attempt.lease_expires_at = None
+
+
+def renew_lease(store: Store, claim: Claim, *, lease_seconds: float) -> bool:
+    """Extend the lease; False when the claim was lost (expired and taken back)."""
+    with store.session() as session:
+        renewed = session.execute(
+            update(Attempt)
+            .where(
+                Attempt.id == claim.attempt_id,
+                Attempt.state == AttemptState.RUNNING,
+                Attempt.bed_id == claim.bed_id,
+            )
+            .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
+            .execution_options(synchronize_session=False)
+        ).rowcount
+    return renewed == 1
+
+
+def requeue_expired(store: Store) -> int:
+    """Return attempts whose lease ran out (their bed or worker died) to the queue."""
+    with store.session() as session:
+        return session.execute(
+            update(Attempt)
+            .where(Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < utcnow())
+            .values(state=AttemptState.QUEUED, bed_id=None, lease_expires_at=None)
+            .execution_options(synchronize_session=False)
+        ).rowcount

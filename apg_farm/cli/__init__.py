@@ -1,0 +1,8 @@
+"""The `apg-farm` command. This package is the composition root: the only part of apg_farm that
+imports scheduler/ and workers/."""
+
+from __future__ import annotations
+
+from apg_farm.cli.app import app, main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,232 @@
+"""Commands: bed, sweep, run, report, demo."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from rich.table import Table
+
+from apg_farm.beds import NewBed, add_bed, get_bed, list_beds, release_bed
+from apg_farm.cli.common import err, open_store, out, print_json, report_table
+from apg_farm.cli.running import bed_doctor, execute_sweep
+from apg_farm.errors import BadInput, FarmError
+from apg_farm.report import find_sweep, sweep_report
+from apg_farm.specs import load_sweep
+from apg_farm.store import BedState
+from scheduler.control import cancel_sweep, sweep_status
+from scheduler.submit import submit
+
+app = typer.Typer(
+    name="apg-farm",
+    help="Run AI-agent evaluation sweeps on a pool of ai_proving_ground beds.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+bed_app = typer.Typer(help="Enrol, inspect and release beds.", no_args_is_help=True)
+sweep_app = typer.Typer(help="Submit, watch and cancel sweeps.", no_args_is_help=True)
+app.add_typer(bed_app, name="bed")
+app.add_typer(sweep_app, name="sweep")
+
+
+def _split(value: str, field: str) -> tuple[str, ...]:
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not items:
+        raise BadInput("empty list", field=field, fix="give comma-separated names, e.g. kb_docs,canvas_home")
+    return items
+
+
+def _env_pairs(values: list[str]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise BadInput(f"{item!r} is not NAME=VALUE", field="--env")
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
+@bed_app.command("add")
+def bed_add(
+    name: Annotated[str, typer.Argument(help="A name for the bed, unique in the farm.")],
+    approot: Annotated[Path, typer.Option("--approot", help="The bed's DDEV project folder.")],
+    ddev: Annotated[str, typer.Option("--ddev", help="The ddev executable.")] = "ddev",
+    fixtures: Annotated[str, typer.Option("--fixtures", help="The bed's fixture set.")] = "kb_docs,canvas_home",
+    escrow_set: Annotated[
+        Path | None, typer.Option("--escrow-set", help="The escrow set `ddev ai-eval-escrow` printed.")
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="NAME=VALUE given to every bed command (no secrets).")
+    ] = None,
+) -> None:
+    """Enrol a local bed."""
+    store = open_store()
+    row = add_bed(
+        store,
+        NewBed(
+            name=name,
+            approot=approot,
+            ddev=ddev,
+            fixtures=_split(fixtures, "--fixtures"),
+            escrow_set=escrow_set,
+            env=_env_pairs(env or []),
+        ),
+    )
+    out.print(f"bed {row.name} added to pool {row.pool} ({row.approot})")
+    if row.escrow_set is None:
+        err.print(
+            "[yellow]warning:[/] no --escrow-set: verification will use `ddev ai-eval-verify`, which an "
+            "agent can rewrite. Run `ddev ai-eval-escrow` on the bed and enrol its path for unattended runs."
+        )
+
+
+@bed_app.command("list")
+def bed_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List beds, their pool and state."""
+    beds = list_beds(open_store())
+    if as_json:
+        print_json(
+            [
+                {
+                    "name": b.name,
+                    "pool": b.pool,
+                    "state": b.state,
+                    "reason": b.state_reason,
+                    "approot": b.approot,
+                    "escrow_set": b.escrow_set,
+                }
+                for b in beds
+            ]
+        )
+        return
+    table = Table(title="beds")
+    for column in ("name", "pool", "state", "reason", "approot", "verifier"):
+        table.add_column(column)
+    for b in beds:
+        style = "red" if b.state == BedState.QUARANTINED else ""
+        verifier = "escrow (trusted)" if b.escrow_set else "[yellow]ddev wrapper (untrusted)[/]"
+        table.add_row(b.name, b.pool, f"[{style}]{b.state}[/]" if style else b.state, b.state_reason or "",
+                      b.approot, verifier)
+    out.print(table)
+
+
+@bed_app.command("doctor")
+def bed_doctor_cmd(name: str) -> None:
+    """Run `ddev ai-eval-doctor` on the bed and show its verdict."""
+    store = open_store()
+    healthy, verdict = bed_doctor(store, get_bed(store, name))
+    print_json(verdict)
+    if not healthy:
+        raise typer.Exit(1)
+
+
+@bed_app.command("release")
+def bed_release(name: str) -> None:
+    """Return a quarantined bed to its pool once a human has looked at it."""
+    row = release_bed(open_store(), name)
+    out.print(f"bed {row.name} is active again")
+
+
+@sweep_app.command("submit")
+def sweep_submit(file: Path) -> None:
+    """Create a sweep's attempts (idempotent: submitting again creates only what is missing)."""
+    result = submit(open_store(), load_sweep(file))
+    out.print(result.describe())
+
+
+@sweep_app.command("status")
+def sweep_status_cmd(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Progress of a sweep: attempts by state and outcome, beds in use."""
+    store = open_store()
+    status = sweep_status(store, find_sweep(store, sweep).id)
+    if as_json:
+        print_json(status)
+        return
+    out.print(f"sweep {status['name']} (id {status['id']}): {status['state']}")
+    out.print("  " + ", ".join(f"{k} {v}" for k, v in status["states"].items()))
+    if status["outcomes"]:
+        out.print("  outcomes: " + ", ".join(f"{k} {v}" for k, v in status["outcomes"].items()))
+    for running in status["running"]:
+        out.print(f"  running: {running}")
+
+
+@sweep_app.command("cancel")
+def sweep_cancel(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]) -> None:
+    """Cancel queued attempts now and running ones at their next phase boundary."""
+    store = open_store()
+    cancelled = cancel_sweep(store, find_sweep(store, sweep).id)
+    out.print(f"cancelled {cancelled} queued attempts; running ones stop at their next phase")
+
+
+@app.command("run")
+def run_cmd(file: Path) -> None:
+    """Submit a sweep file and run it here with the embedded executor, then print the results."""
+    store = open_store()
+    spec = load_sweep(file)
+    submission = submit(store, spec)
+    out.print(submission.describe())
+    ok = execute_sweep(store, submission.sweep_id)
+    out.print(report_table(sweep_report(store, find_sweep(store, str(submission.sweep_id)))))
+    if not ok:
+        raise typer.Exit(1)
+
+
+@app.command("report")
+def report_cmd(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+) -> None:
+    """Per-model, per-task results of a sweep with Wilson 95 % intervals."""
+    if fmt not in ("table", "json"):
+        raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use table or json")
+    store = open_store()
+    report = sweep_report(store, find_sweep(store, sweep))
+    if fmt == "json":
+        print_json(report)
+    else:
+        out.print(report_table(report))
+
+
+@app.command("demo")
+def demo_cmd(
+    beds: Annotated[int, typer.Option(min=1, max=64, help="Simulated beds.")] = 4,
+    trials: Annotated[int, typer.Option(min=1, max=1000, help="Trials per (task, model).")] = 10,
+    time_scale: Annotated[float, typer.Option(min=1, help="Divide real bed timings by this.")] = 400,
+    faults: Annotated[bool, typer.Option(help="Inject faults on some beds.")] = False,
+) -> None:
+    """Run a sweep of 2 models x 3 tasks on simulated beds, embedded, and print the results."""
+    from apg_farm.cli.demo import run_demo
+
+    ok = run_demo(open_store(), beds=beds, trials=trials, time_scale=time_scale, faults=faults)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Entry point: typed errors become a message and an exit code, never a traceback."""
+    try:
+        code = app(standalone_mode=False)
+    except FarmError as error:
+        err.print(f"[red]error:[/] {error.render()}", soft_wrap=True)
+        sys.exit(error.exit_code)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("interrupted: running attempts keep their lease and return to the queue if abandoned")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

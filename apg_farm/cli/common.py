@@ -1,0 +1,57 @@
+"""What every command shares: the store, the consoles, printing a report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from apg_farm.settings import load_settings
+from apg_farm.store import Store
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def open_store() -> Store:
+    """The store named by APG_FARM_DATABASE_URL, or the embedded SQLite under APG_FARM_HOME."""
+    return Store(load_settings().resolved_database_url())
+
+
+def _rate(cell: dict[str, Any]) -> str:
+    if cell["pass_rate"] is None:
+        return "—"
+    return f"{cell['pass_rate']:.0%} [{cell['ci_low']:.0%}, {cell['ci_high']:.0%}]"
+
+
+def report_table(report: dict[str, Any]) -> Table:
+    """Per (task, model): pass rate with its Wilson 95 % interval, and every outcome beside it."""
+    sweep = report["sweep"]
+    table = Table(title=f"sweep {sweep['name']} (id {sweep['id']}, {sweep['attempts']} attempts)")
+    for name in ("task", "model", "n", "pass rate [95% CI]", "passed", "failed", "no att.", "tamp."):
+        table.add_column(name, justify="left" if name in ("task", "model") else "right")
+    for name in ("skipped", "invalid", "error", "pending"):
+        table.add_column(name, justify="right", style="yellow")
+    for cell in report["cells"]:
+        table.add_row(
+            cell["task"],
+            cell["model"],
+            str(cell["n"]),
+            _rate(cell),
+            *(
+                str(cell[k])
+                for k in ("passed", "failed", "no_attempt", "tampered", "skipped", "invalid", "error", "pending")
+            ),
+        )
+    outcomes = ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()) or "none"
+    table.caption = f"outcomes: {outcomes}. n counts PASSED+FAILED+NO_ATTEMPT+TAMPERED."
+    return table
+
+
+def print_json(data: Any) -> None:
+    """Machine output: plain JSON on stdout, never wrapped or coloured."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,113 @@
+"""`apg-farm demo`: a whole sweep on simulated beds, embedded, in well under a minute."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from apg_farm import maintenance
+from apg_farm.beds import NewBed, validate_new_bed
+from apg_farm.cli.common import err, out, report_table
+from apg_farm.cli.running import execute_sweep
+from apg_farm.report import find_sweep, sweep_report
+from apg_farm.settings import load_settings
+from apg_farm.specs import SweepSpec, Timeouts
+from apg_farm.store import Bed, BedEvent, BedState, Store
+from fixtures import simbed
+from scheduler.submit import submit
+
+#: The demo's beds print their run id in every way the contract allows, to show the farm copes.
+_RUN_ID_STYLES = ("line", "path", "none")
+
+#: Faults the --faults demo injects, one per bed, in bed order.
+DEMO_FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("reset failure", {"reset_fail": True}),
+    ("tampering agent", {"tamper": True}),
+    ("adapter failure", {"adapter_fail": True}),
+)
+
+
+def _bed_config(index: int, time_scale: float) -> dict[str, Any]:
+    return {
+        "time_scale": time_scale,
+        "seed": 7,
+        "print_run_id": _RUN_ID_STYLES[index % len(_RUN_ID_STYLES)],
+        "noise": index % 2 == 1,
+    }
+
+
+def prepare_demo_beds(
+    store: Store, root: Path, *, beds: int, time_scale: float, faults: bool
+) -> list[str]:
+    """Fresh simulated beds: created, provisioned, escrowed outside the project, enrolled."""
+    shutil.rmtree(root / "beds", ignore_errors=True)
+    shutil.rmtree(root / "escrow", ignore_errors=True)
+    ddev = simbed.install_ddev(root / "bin")
+    names = []
+    for index in range(beds):
+        name = f"demo-{index + 1}"
+        approot = root / "beds" / name
+        simbed.create_bed(approot, project=name, config=_bed_config(index, time_scale))
+        if faults and index < len(DEMO_FAULTS):
+            simbed.write_faults(approot, DEMO_FAULTS[index][1])
+        row = validate_new_bed(
+            NewBed(name=name, approot=approot, ddev=str(ddev), env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),))
+        )
+        maintenance.provision(row)
+        row.escrow_set = maintenance.escrow(row)
+        _upsert_bed(store, row)
+        names.append(name)
+    return names
+
+
+def _upsert_bed(store: Store, fresh: Bed) -> None:
+    with store.session() as session:
+        row = session.scalar(select(Bed).where(Bed.name == fresh.name))
+        if row is None:
+            session.add(fresh)
+            session.flush()
+            session.add(BedEvent(bed_id=fresh.id, kind="added", detail="demo bed"))
+            return
+        for column in ("approot", "ddev", "fixtures", "pool", "escrow_set", "env"):
+            setattr(row, column, getattr(fresh, column))
+        row.state = BedState.ACTIVE
+        row.state_reason = None
+        row.consecutive_errors = 0
+        session.add(BedEvent(bed_id=row.id, kind="reset", detail="demo bed recreated"))
+
+
+def demo_spec(*, trials: int, name: str | None = None, tasks: int = 3) -> SweepSpec:
+    """2 models × 3 tasks × trials on the simulated dataset."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
+    return SweepSpec(
+        name=name or f"demo-{stamp}",
+        dataset="droost_build_tasks",
+        tasks=list(simbed.DEFAULT_TASKS[:tasks]),
+        models=list(simbed.DEFAULT_MODELS[:2]),
+        trials=trials,
+        agent="claude",
+        retries=2,
+        timeouts=Timeouts(verify=60, reset=120, run=300, grade=60),
+    )
+
+
+def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults: bool) -> bool:
+    """Set up beds, submit the demo sweep, run it embedded, print the table."""
+    root = load_settings().home / "demo"
+    err.print(f"preparing {beds} simulated beds in {root} ...")
+    names = prepare_demo_beds(store, root, beds=beds, time_scale=time_scale, faults=faults)
+    if faults:
+        for index, (what, _) in enumerate(DEMO_FAULTS[:beds]):
+            err.print(f"  fault on {names[index]}: {what}")
+    spec = demo_spec(trials=trials)
+    submission = submit(store, spec)
+    out.print(submission.describe())
+    ok = execute_sweep(store, submission.sweep_id)
+    sweep = find_sweep(store, str(submission.sweep_id))
+    out.print(report_table(sweep_report(store, sweep)))
+    out.print(f"stored in {store.safe_url()}; see it again with: apg-farm report {sweep.name}")
+    return ok

@@ -1,0 +1,71 @@
+"""Running a sweep in this process with a live progress bar."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import func, select
+
+from apg_farm import maintenance
+from apg_farm.beds import record_event
+from apg_farm.cli.common import err
+from apg_farm.store import Attempt, AttemptState, Bed, Store
+from workers.embedded import EmbeddedExecutor
+from workers.engine import AttemptReport
+
+
+def _done_count(store: Store, sweep_id: int) -> tuple[int, int]:
+    with store.session() as session:
+        total = session.scalar(select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id))
+        done = session.scalar(
+            select(func.count())
+            .select_from(Attempt)
+            .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.DONE)
+        )
+    return done or 0, total or 0
+
+
+def execute_sweep(store: Store, sweep_id: int) -> bool:
+    """Run every remaining attempt on the pool's beds; False when some could not be run."""
+    done, total = _done_count(store, sweep_id)
+    with Progress(
+        TextColumn("[bold]attempts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+        console=err,
+        transient=False,
+    ) as progress:
+        bar = progress.add_task("attempts", total=total, completed=done, last="")
+
+        def on_report(report: AttemptReport) -> None:
+            finished, _ = _done_count(store, sweep_id)
+            label = report.outcome or f"retry ({report.verdict.reason[:60]})"
+            progress.update(bar, completed=finished, last=f"{report.claim.task} {report.claim.model}: {label}")
+
+        executor = EmbeddedExecutor(store, sweep_id, on_report=on_report)
+        if not executor.beds():
+            err.print("[red]no active bed in this sweep's pool[/]: add one with `apg-farm bed add`")
+            return False
+        try:
+            result = executor.run()
+        except KeyboardInterrupt:
+            executor.stop()
+            raise
+        progress.update(bar, completed=_done_count(store, sweep_id)[0])
+    for problem in result.errors:
+        err.print(f"[red]error:[/] {problem}")
+    if result.stranded:
+        err.print(
+            f"[red]{result.stranded} attempts could not run[/]: every bed of the pool is quarantined "
+            "(see `apg-farm bed list`; `apg-farm bed release NAME` after fixing, then run again)"
+        )
+    return not result.errors and not result.stranded
+
+
+def bed_doctor(store: Store, bed: Bed) -> tuple[bool, dict[str, Any]]:
+    healthy, verdict = maintenance.doctor(bed)
+    record_event(store, bed.id, "doctor", "healthy" if healthy else f"unhealthy: {verdict}"[:2000])
+    return healthy, verdict

@@ -1,0 +1,22 @@
+"""Constants gathered in one place, each with the reason for its value."""
+
+from __future__ import annotations
+
+#: Seconds a claim stays valid without renewal; the engine renews every third of it.
+LEASE_SECONDS = 60.0
+#: A claim delivered more often than retries + this many times is poisoned, not looped.
+EXTRA_DELIVERIES = 3
+#: Infrastructure failures in a row after which a bed is quarantined.
+MAX_CONSECUTIVE_INFRA_ERRORS = 3
+#: Bytes of stdout/stderr kept per phase (head + tail); enough for every token and the DDEV exit line.
+PHASE_OUTPUT_LIMIT = 256 * 1024
+#: Bytes of grade stdout kept whole; an envelope past this is INVALID (too large), never cut.
+GRADE_STDOUT_LIMIT = 16 * 1024 * 1024
+#: Bytes of a run.json the farm will read.
+RUN_JSON_LIMIT = 1024 * 1024
+#: Seconds between polls of the store by an idle embedded bed thread.
+IDLE_POLL_SECONDS = 0.2
+#: The fixture set APG uses when none is named.
+DEFAULT_FIXTURES = ("kb_docs", "canvas_home")
+#: Where APG keeps baselines and runs, relative to the approot, unless AI_PG_BASELINE_DIR says otherwise.
+BASELINE_DIR = ".ai-proving-ground"

@@ -1,0 +1,272 @@
+"""The outcome policy: what each phase's result means for the attempt and for the bed.
+
+This module and docs/outcomes.md are the whole policy; a test keeps the two in step. Principles:
+an infrastructure failure is never scored as a model failure (it is retried on another bed), and an
+agent failure is never retried away (it is graded, and counts as a failure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from apg_farm.contract import PhaseOutput
+    from apg_farm.envelope import Grade
+
+
+class Outcome(StrEnum):
+    """The one final result of an attempt."""
+
+    PASSED = "PASSED"  #: valid, matching envelope whose score equals the metric's max_score
+    FAILED = "FAILED"  #: valid, matching envelope with a lower score
+    NO_ATTEMPT = "NO_ATTEMPT"  #: the agent failed (timeout, error) and the grade found nothing passing
+    TAMPERED = "TAMPERED"  #: the verify after the run failed: not graded, counts as a failure
+    SKIPPED = "SKIPPED"  #: the task has no droost spec (APG_GRADE_SKIP): nothing to grade
+    INVALID = "INVALID"  #: the envelope is malformed or names another task, model or run
+    ERROR = "ERROR"  #: infrastructure failures outlasted the retry budget
+    CANCELLED = "CANCELLED"  #: the sweep was cancelled before the attempt finished
+
+
+#: Outcomes that enter the pass-rate denominator.
+COUNTED: frozenset[Outcome] = frozenset(
+    {Outcome.PASSED, Outcome.FAILED, Outcome.NO_ATTEMPT, Outcome.TAMPERED}
+)
+
+
+class Effect(StrEnum):
+    """What a stderr token means to the farm."""
+
+    INFO = "info"  #: recorded; changes nothing
+    INFRA = "infra"  #: infrastructure failure: retry the attempt on another bed
+    BED_BROKEN = "bed_broken"  #: infrastructure failure caused by the bed itself: retry and quarantine
+    AGENT = "agent"  #: the agent failed: still verified and graded; never retried
+    TAMPER = "tamper"  #: judging code changed: TAMPERED after a run, and the bed is quarantined
+    MISMATCH = "mismatch"  #: baseline files differ: TAMPERED after a run; --restore repairs them
+    SECURITY = "security"  #: the agent leaked its token: the attempt stands, the bed is quarantined
+    SKIP = "skip"  #: nothing to grade: SKIPPED
+    RUN_INVALID = "run_invalid"  #: grade refused the run record: INVALID, or NO_ATTEMPT if none was made
+
+
+@dataclass(frozen=True)
+class TokenRule:
+    """How one APG_* token is read, and by which command it is printed."""
+
+    command: str
+    effect: Effect
+
+
+_RESET_FAIL = (
+    "RESET_UNTRACKED",
+    "RESET_GRADER_DRIFT",
+    "RESET_PACKAGE_DRIFT",
+    "RESET_COMPOSER_DRIFT",
+    "RESET_PENDING_UPDATES",
+)
+_RESET_WARN = (
+    "RESET_GRADER_UNRECORDED",
+    "RESET_PACKAGE_SOURCE_EDITED",
+    "RESET_COMPOSER_CHANGED",
+    "RESET_CODE_DRIFT",
+    "RESET_FILES_UNRECORDED",
+    "RESET_PRIVATE_FILES_NOT_RESTORED",
+)
+
+#: Every token of the contract (reference/apg-contract.md §3). Unknown tokens are recorded as INFO.
+TOKENS: dict[str, TokenRule] = {
+    "APG_GRADE_SKIP": TokenRule("grade", Effect.SKIP),
+    "APG_GRADE_RUN_INVALID": TokenRule("grade", Effect.RUN_INVALID),
+    "APG_GRADE_NOT_STORED": TokenRule("grade", Effect.INFO),
+    "APG_GRADE_NOT_SAVED": TokenRule("grade", Effect.INFO),
+    "APG_GRADE_DATASET_UNRESOLVED": TokenRule("grade", Effect.INFO),
+    "APG_GRADE_GRADER_UNRESOLVED": TokenRule("grade", Effect.INFO),
+    "APG_RUN_CRED_REFUSED": TokenRule("run", Effect.BED_BROKEN),
+    "APG_CLAUDE_NO_TOKEN": TokenRule("run", Effect.BED_BROKEN),
+    "APG_CLAUDE_TOKEN_UNSAFE": TokenRule("run", Effect.BED_BROKEN),
+    "APG_CLAUDE_SSH_KEYS": TokenRule("run", Effect.BED_BROKEN),
+    "APG_CLAUDE_INSTALL_FAILED": TokenRule("run", Effect.INFRA),
+    "APG_CLAUDE_AUTH_FAILED": TokenRule("run", Effect.INFRA),
+    "APG_CLAUDE_PROJECT_CHANGED": TokenRule("run", Effect.BED_BROKEN),
+    "APG_CLAUDE_NOT_A_TOKEN": TokenRule("run", Effect.BED_BROKEN),
+    "APG_CLAUDE_TIMEOUT": TokenRule("run", Effect.AGENT),
+    "APG_CLAUDE_FAILED": TokenRule("run", Effect.AGENT),
+    "APG_CLAUDE_TOKEN_LEAKED": TokenRule("run", Effect.SECURITY),
+    "APG_PROVISION_UNTRACKED": TokenRule("provision", Effect.BED_BROKEN),
+    "APG_PROVISION_STALE_BASELINE": TokenRule("provision", Effect.BED_BROKEN),
+    "APG_FIXTURE_AMBIGUOUS": TokenRule("provision", Effect.BED_BROKEN),
+    "APG_PROVISION_VERSIONS_UNRECORDED": TokenRule("provision", Effect.INFO),
+    **{f"APG_{name}": TokenRule("reset", Effect.BED_BROKEN) for name in _RESET_FAIL},
+    **{f"APG_{name}": TokenRule("reset", Effect.INFO) for name in _RESET_WARN},
+    "APG_DIFF_UNRECORDED": TokenRule("diff", Effect.INFO),
+    "APG_DIFF_ERROR": TokenRule("diff", Effect.INFO),
+    "APG_ESCROW_OK": TokenRule("verify", Effect.INFO),
+    "APG_ESCROW_MISMATCH": TokenRule("verify", Effect.MISMATCH),
+    "APG_ESCROW_RESTORED": TokenRule("verify", Effect.INFO),
+    "APG_TAMPERED": TokenRule("verify", Effect.TAMPER),
+    "APG_ESCROW_NONE": TokenRule("verify", Effect.BED_BROKEN),
+    "APG_ESCROW_UNSAFE": TokenRule("verify", Effect.BED_BROKEN),
+    "APG_ESCROW_SKIPPED": TokenRule("verify", Effect.INFO),
+}
+
+
+def effects(output: PhaseOutput) -> set[Effect]:
+    """The effects of the tokens a phase printed; unknown tokens mean nothing."""
+    return {TOKENS[t.name].effect for t in output.tokens if t.name in TOKENS}
+
+
+def _token_list(output: PhaseOutput, effect: Effect) -> str:
+    names = [t.name for t in output.tokens if t.name in TOKENS and TOKENS[t.name].effect == effect]
+    return ", ".join(dict.fromkeys(names))
+
+
+Action = Literal["continue", "retry", "final"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the engine does after a phase."""
+
+    action: Action
+    reason: str = ""
+    outcome: Outcome | None = None
+    #: When set, the bed is quarantined with this reason (after the attempt is recorded).
+    quarantine: str | None = None
+    #: The run ended without a completed attempt because of the agent, not the bed.
+    agent_failed: bool = False
+
+
+CONTINUE = Verdict("continue")
+
+
+def _retry(reason: str, quarantine: str | None = None) -> Verdict:
+    return Verdict("retry", reason, quarantine=quarantine)
+
+
+def _final(outcome: Outcome, reason: str, quarantine: str | None = None) -> Verdict:
+    return Verdict("final", reason, outcome=outcome, quarantine=quarantine)
+
+
+def _infrastructure(phase: str, output: PhaseOutput) -> Verdict | None:
+    """Failures of the link or of DDEV itself, the same for every phase."""
+    if output.transport_error:
+        return _retry(f"{phase}: transport failed: {output.transport_error}")
+    if output.timed_out:
+        return _retry(f"{phase}: no result before the sweep's {phase} timeout")
+    if output.project_start_failed:
+        return _retry(f"{phase}: DDEV could not start the project")
+    return None
+
+
+def _broken(phase: str, output: PhaseOutput) -> Verdict | None:
+    tokens = _token_list(output, Effect.BED_BROKEN)
+    if tokens:
+        return _retry(f"{phase}: {tokens}", quarantine=f"{phase} refused: {tokens}")
+    return None
+
+
+def judge_verify_before(output: PhaseOutput) -> Verdict:
+    """The trusted verify --restore before reset: a failure is the bed's, never the model's."""
+    verdict = _infrastructure("verify", output) or _broken("verify", output)
+    if verdict:
+        return verdict
+    if Effect.TAMPER in effects(output):
+        detail = _token_list(output, Effect.TAMPER)
+        return _retry(
+            f"verify before the attempt: {detail}",
+            quarantine="judging code changed (APG_TAMPERED before reset): reinstall trusted code",
+        )
+    if output.exit_code != 0:
+        return _retry(f"verify before the attempt failed (exit {output.exit_code})")
+    return CONTINUE
+
+
+def judge_reset(output: PhaseOutput) -> Verdict:
+    """A failed reset means the bed is not at baseline: never grade it, quarantine it."""
+    verdict = _infrastructure("reset", output)
+    if verdict:
+        if output.timed_out:
+            return _retry(verdict.reason, quarantine="reset did not finish in time")
+        return verdict
+    if broken := _broken("reset", output):
+        return broken
+    if output.exit_code != 0:
+        return _retry(
+            f"reset failed (exit {output.exit_code})",
+            quarantine=f"reset failed (exit {output.exit_code})",
+        )
+    return CONTINUE
+
+
+def judge_run(output: PhaseOutput, *, run_recorded: bool) -> Verdict:
+    """The agent's run: adapter start failures are the bed's; agent failures are the model's."""
+    verdict = _infrastructure("run", output) or _broken("run", output)
+    if verdict:
+        return verdict
+    found = effects(output)
+    if Effect.INFRA in found:
+        return _retry(f"run: adapter could not start: {_token_list(output, Effect.INFRA)}")
+    security = (
+        f"agent leaked its token ({_token_list(output, Effect.SECURITY)}): revoke the token"
+        if Effect.SECURITY in found
+        else None
+    )
+    if output.exit_code == 0:
+        if not run_recorded:
+            return _retry("run: exit 0 but no run record (runs/<id>/run.json) for this task")
+        return Verdict("continue", quarantine=security)
+    if Effect.AGENT in found or run_recorded:
+        # The adapter ran and the agent ended without an attempt: graded, never retried away.
+        reason = _token_list(output, Effect.AGENT) or f"adapter exit {output.exit_code}"
+        return Verdict("continue", f"agent failed: {reason}", quarantine=security, agent_failed=True)
+    return _retry(f"run failed before the adapter started (exit {output.exit_code}, no run record)")
+
+
+def judge_verify_after(output: PhaseOutput) -> Verdict:
+    """The trusted verify after the run: any failure is TAMPERED and nothing is graded."""
+    verdict = _infrastructure("verify", output) or _broken("verify", output)
+    if verdict:
+        return verdict
+    if Effect.TAMPER in effects(output):
+        return _final(
+            Outcome.TAMPERED,
+            f"judging code changed: {_tampered_paths(output)}",
+            quarantine="judging code changed during an attempt (APG_TAMPERED): reinstall trusted code",
+        )
+    if output.exit_code != 0:
+        detail = _token_list(output, Effect.MISMATCH) or f"exit {output.exit_code}"
+        return _final(Outcome.TAMPERED, f"verify after the run failed: {detail}")
+    return CONTINUE
+
+
+def _tampered_paths(output: PhaseOutput) -> str:
+    details = [t.detail for t in output.tokens if t.name == "APG_TAMPERED"]
+    shown = "; ".join(details[:5])
+    return shown + (f" (+{len(details) - 5} more)" if len(details) > 5 else "")
+
+
+def judge_grade(
+    output: PhaseOutput, *, grade: Grade | None, envelope_problem: str | None, agent_failed: bool
+) -> Verdict:
+    """The grade: a verdict, a skip, a refusal, or a grade that could not run."""
+    verdict = _infrastructure("grade", output)
+    if verdict:
+        return verdict
+    found = effects(output)
+    if Effect.SKIP in found or output.exit_code == 3:
+        return _final(Outcome.SKIPPED, "task has no droost spec (APG_GRADE_SKIP)")
+    if Effect.RUN_INVALID in found:
+        detail = "; ".join(t.detail for t in output.tokens if t.name == "APG_GRADE_RUN_INVALID")
+        if agent_failed:
+            return _final(Outcome.NO_ATTEMPT, f"grade refused a run that made no attempt: {detail}")
+        return _final(Outcome.INVALID, f"grade refused the run record: {detail}")
+    if output.exit_code != 0:
+        return _retry(f"grade could not run (exit {output.exit_code})")
+    if grade is None:
+        return _final(Outcome.INVALID, f"envelope rejected: {envelope_problem}")
+    score = f"score {grade.score:g}/{grade.max_score:g}"
+    if grade.passed:
+        return _final(Outcome.PASSED, score)
+    if agent_failed:
+        return _final(Outcome.NO_ATTEMPT, f"agent failed and the grade found nothing passing ({score})")
+    return _final(Outcome.FAILED, score)

@@ -1,0 +1,87 @@
+"""Sweep reports: outcome counts and per-(task, model) pass rates with Wilson intervals."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import select
+
+from apg_farm.errors import NotFound
+from apg_farm.outcomes import COUNTED, Outcome
+from apg_farm.stats import wilson
+from apg_farm.store import Attempt, Store, Sweep
+
+#: Report columns per outcome, in the order users read them.
+CELL_COUNTS: dict[Outcome, str] = {
+    Outcome.PASSED: "passed",
+    Outcome.FAILED: "failed",
+    Outcome.NO_ATTEMPT: "no_attempt",
+    Outcome.TAMPERED: "tampered",
+    Outcome.SKIPPED: "skipped",
+    Outcome.INVALID: "invalid",
+    Outcome.ERROR: "error",
+}
+
+
+def find_sweep(store: Store, ref: str) -> Sweep:
+    """A sweep by id or by name (names never look like plain integers... unless they do: id first)."""
+    with store.session() as session:
+        sweep = None
+        if ref.isdigit():
+            sweep = session.get(Sweep, int(ref))
+        if sweep is None:
+            sweep = session.scalar(select(Sweep).where(Sweep.name == ref))
+        if sweep is None:
+            raise NotFound(f"no sweep {ref!r}", fix="see the sweep's id or name in `apg-farm sweep submit` output")
+        session.expunge(sweep)
+        return sweep
+
+
+def sweep_report(store: Store, sweep: Sweep) -> dict[str, Any]:
+    """The report as one JSON-ready object: {"sweep", "outcomes", "cells"}."""
+    with store.session() as session:
+        rows = session.execute(
+            select(Attempt.task, Attempt.model, Attempt.state, Attempt.outcome).where(
+                Attempt.sweep_id == sweep.id
+            )
+        ).all()
+    outcomes: Counter[str] = Counter()
+    cells: dict[tuple[str, str], Counter[str]] = {}
+    for task, model, state, outcome in rows:
+        key = outcome or state.upper()
+        outcomes[key] += 1
+        cells.setdefault((task, model), Counter())[key] += 1
+    spec = sweep.spec
+    order = {t: i for i, t in enumerate(spec.get("tasks", []))}
+    morder = {m: i for i, m in enumerate(spec.get("models", []))}
+    out_cells = []
+    for (task, model), counts in sorted(
+        cells.items(), key=lambda kv: (order.get(kv[0][0], 1e9), morder.get(kv[0][1], 1e9), kv[0])
+    ):
+        n = sum(counts[o] for o in COUNTED)
+        passed = counts[Outcome.PASSED]
+        low, high = wilson(passed, n)
+        cell: dict[str, Any] = {"task": task, "model": model, "n": n}
+        cell.update({name: counts[o] for o, name in CELL_COUNTS.items()})
+        cell.update(
+            {
+                "pending": counts["QUEUED"] + counts["RUNNING"],
+                "cancelled": counts[Outcome.CANCELLED],
+                "pass_rate": passed / n if n else None,
+                "ci_low": low if n else None,
+                "ci_high": high if n else None,
+            }
+        )
+        out_cells.append(cell)
+    return {
+        "sweep": {
+            "id": sweep.id,
+            "name": sweep.name,
+            "state": sweep.state,
+            "attempts": len(rows),
+            "spec_sha256": sweep.spec_sha256,
+        },
+        "outcomes": dict(sorted(outcomes.items())),
+        "cells": out_cells,
+    }

@@ -1,0 +1,34 @@
+"""The farm's own settings, read from APG_FARM_* environment variables. None of them ever reaches a bed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Process-wide settings; every farm process reads the same ones."""
+
+    model_config = SettingsConfigDict(env_prefix="APG_FARM_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".apg-farm")
+    """Folder for the embedded database and the demo's beds."""
+
+    database_url: str | None = None
+    """SQLAlchemy URL of the store; default SQLite at `<home>/farm.db`."""
+
+    broker_url: str | None = None
+    """Celery broker (Redis); unset means the embedded executor."""
+
+    def resolved_database_url(self) -> str:
+        """The URL to open: the explicit one, or the embedded SQLite file under home."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.home / 'farm.db'}"
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, read at call time so tests can change them."""
+    return Settings()

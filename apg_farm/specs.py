@@ -1,0 +1,152 @@
+"""Sweep files: what a user asks the farm to run, validated before anything is stored."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from apg_farm.defaults import DEFAULT_FIXTURES
+from apg_farm.errors import BadInput, NotFound
+
+#: Characters DDEV passes through a container shell unharmed (contract §2).
+_SAFE = re.compile(r"[A-Za-z0-9._@=:/-]+")
+#: Sweep names also name things on disk and in URLs: no slashes.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _safe(value: str) -> str:
+    if not _SAFE.fullmatch(value) or value.startswith("-"):
+        raise ValueError(
+            f"{value!r} has characters a bed cannot take safely; use only letters, digits and . _ @ = : / -"
+        )
+    return value
+
+
+def _name(value: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a sweep name; use 1-100 letters, digits, '.', '_' or '-', starting alphanumeric"
+        )
+    return value
+
+
+def _unique(values: list[str]) -> list[str]:
+    seen = [v for i, v in enumerate(values) if v in values[:i]]
+    if seen:
+        raise ValueError(f"listed twice: {', '.join(sorted(set(seen)))}")
+    return values
+
+
+SafeArg = Annotated[str, AfterValidator(_safe)]
+SafeList = Annotated[list[SafeArg], Field(min_length=1), AfterValidator(_unique)]
+
+
+class Timeouts(BaseModel):
+    """Wall-clock limits, in seconds, for each phase of an attempt on a bed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    verify: float = Field(default=300, gt=0, le=86400)
+    """Each trusted verify (before and after the run)."""
+    reset: float = Field(default=900, gt=0, le=86400)
+    """The reset; a real bed takes 27-47 s, a first start of a stopped project much longer."""
+    run: float = Field(default=5400, gt=0, le=7 * 86400)
+    """The agent's run: a backstop above the adapter's own limit (APG_CLAUDE_TIMEOUT, default 3600 s)."""
+    grade: float = Field(default=600, gt=0, le=86400)
+    """The grade."""
+
+
+class SweepSpec(BaseModel):
+    """A sweep: every task × model × trial, run on beds of one fixture set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, AfterValidator(_name)]
+    """Unique name; submitting a sweep of the same name again adds only what is missing."""
+    dataset: SafeArg | None = None
+    """Dataset ref passed to `ai-eval-run --dataset` and to the grade; None lets the bed choose."""
+    fixtures: SafeList = Field(default_factory=lambda: list(DEFAULT_FIXTURES))
+    """The fixture set; only beds provisioned with exactly this set take the sweep."""
+    tasks: SafeList
+    """Task ids of the dataset."""
+    models: SafeList
+    """Model ids, passed to `ai-eval-run --model` and checked against the envelope."""
+    trials: int = Field(ge=1, le=100_000)
+    """Attempts per (task, model)."""
+    agent: SafeArg = "claude"
+    """Adapter name passed to `ai-eval-run --agent`."""
+    retries: int = Field(default=2, ge=0, le=20)
+    """Infrastructure failures retried per attempt (each on another bed where one exists)."""
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    """Per-phase limits."""
+
+    @property
+    def pool(self) -> str:
+        """The pool key: beds with the same fixture set, order-free."""
+        return pool_key(self.fixtures)
+
+    def canonical_json(self) -> str:
+        """The spec as stable JSON, stored with the sweep."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def pool_key(fixtures: list[str] | tuple[str, ...]) -> str:
+    """Beds with the same fixture set form one pool, whatever order the names were given in."""
+    return ",".join(sorted(fixtures))
+
+
+def describe_validation_error(error: ValidationError, *, source: str) -> str:
+    """One line per problem, each naming the field path the user must change."""
+    lines = []
+    for problem in error.errors():
+        path = ".".join(str(p) for p in problem["loc"]) or "(top level)"
+        message = problem["msg"]
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key; remove it or check its spelling"
+        elif problem["type"] == "missing":
+            message = "required; add it"
+        lines.append(f"{source}: {path}: {message}")
+    return "\n".join(lines)
+
+
+def parse_sweep(data: Any, *, source: str = "sweep") -> SweepSpec:
+    """Validate already-loaded sweep data."""
+    if not isinstance(data, dict):
+        raise BadInput(
+            "a sweep file must be a mapping of keys (name, tasks, models, trials, ...)", field=source
+        )
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as error:
+        raise BadInput(describe_validation_error(error, source=source)) from None
+
+
+def load_sweep(path: Path) -> SweepSpec:
+    """Read and validate a sweep YAML file; every problem names the file and the field."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise NotFound(f"no such file: {path}", fix="give the path of a sweep YAML file") from None
+    except OSError as error:
+        raise BadInput(f"cannot read {path}: {error.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadInput(f"{path}: not UTF-8 text (byte {error.start})", fix="save it as UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "invalid YAML"
+        raise BadInput(f"{path}: {problem}{where}", fix="correct the YAML syntax") from None
+    return parse_sweep(data, source=str(path))

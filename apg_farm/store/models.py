@@ -1,0 +1,233 @@
+"""The store's tables. The database is the truth: the broker and the threads only deliver work."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on every backend (SQLite keeps naive text that still sorts correctly)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use an aware UTC datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class JSONText(TypeDecorator[Any]):
+    """JSON kept as text, identical on SQLite and PostgreSQL and readable with any SQL client."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else json.dumps(value, sort_keys=True)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class BedState(StrEnum):
+    """Whether a bed takes attempts."""
+
+    ACTIVE = "active"  #: takes attempts from its pool
+    QUARANTINED = "quarantined"  #: failed a reset, was tampered with, or kept failing: a human must look
+    DRAINING = "draining"  #: finishes what it holds, takes nothing new
+    REMOVED = "removed"  #: gone from the pool; kept for the history of its executions
+
+
+class AttemptState(StrEnum):
+    """Where an attempt is in its life; the outcome is set when it is DONE."""
+
+    QUEUED = "queued"  #: waiting for a bed
+    RUNNING = "running"  #: claimed by a bed under a lease
+    DONE = "done"  #: has its one final outcome
+
+
+class SweepState(StrEnum):
+    """Whether a sweep still runs."""
+
+    OPEN = "open"  #: attempts are taken
+    CANCELLED = "cancelled"  #: queued attempts were cancelled; running ones stop at their next phase
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Bed(Base):
+    """A bed: one APG Drupal site that runs one attempt at a time."""
+
+    __tablename__ = "beds"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    transport: Mapped[str] = mapped_column(String(20), default="local")
+    host: Mapped[str | None] = mapped_column(String(255))
+    approot: Mapped[str] = mapped_column(Text)
+    ddev: Mapped[str] = mapped_column(Text, default="ddev")
+    fixtures: Mapped[list[str]] = mapped_column(JSONText)
+    pool: Mapped[str] = mapped_column(String(255), index=True)
+    escrow_set: Mapped[str | None] = mapped_column(Text)
+    env: Mapped[dict[str, str]] = mapped_column(JSONText, default=dict)
+    state: Mapped[str] = mapped_column(String(20), default=BedState.ACTIVE)
+    state_reason: Mapped[str | None] = mapped_column(Text)
+    consecutive_errors: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class BedEvent(Base):
+    """Something that happened to a bed: added, quarantined, released, doctor verdicts."""
+
+    __tablename__ = "bed_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bed_id: Mapped[int] = mapped_column(ForeignKey("beds.id"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    kind: Mapped[str] = mapped_column(String(40))
+    detail: Mapped[str | None] = mapped_column(Text)
+
+
+class Sweep(Base):
+    """A submitted sweep and its validated spec."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONText)
+    spec_sha256: Mapped[str] = mapped_column(String(64))
+    pool: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(20), default=SweepState.OPEN)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Attempt(Base):
+    """One (task, model, trial) of a sweep; ends with exactly one outcome."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "task", "model", "trial", name="uq_attempts_key"),
+        Index("ix_attempts_claim", "pool", "state", "seq"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), index=True)
+    task: Mapped[str] = mapped_column(String(255))
+    model: Mapped[str] = mapped_column(String(255))
+    trial: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    pool: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(20), default=AttemptState.QUEUED)
+    outcome: Mapped[str | None] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(Text)
+    infra_failures: Mapped[int] = mapped_column(Integer, default=0)
+    deliveries: Mapped[int] = mapped_column(Integer, default=0)
+    excluded_beds: Mapped[list[int]] = mapped_column(JSONText, default=list)
+    bed_id: Mapped[int | None] = mapped_column(ForeignKey("beds.id"))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    executions: Mapped[list[Execution]] = relationship(
+        back_populates="attempt", order_by="Execution.number"
+    )
+
+
+class Execution(Base):
+    """One try of an attempt on one bed, with every phase it ran."""
+
+    __tablename__ = "executions"
+    __table_args__ = (UniqueConstraint("attempt_id", "number", name="uq_executions_try"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), index=True)
+    bed_id: Mapped[int] = mapped_column(ForeignKey("beds.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    run_id: Mapped[str | None] = mapped_column(String(255))
+    #: The execution's verdict: an outcome, or RETRY when an infrastructure failure sent it elsewhere.
+    result: Mapped[str | None] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(Text)
+    score: Mapped[float | None] = mapped_column(Float)
+    max_score: Mapped[float | None] = mapped_column(Float)
+    envelope: Mapped[bytes | None] = mapped_column(LargeBinary)
+    envelope_sha256: Mapped[str | None] = mapped_column(String(64))
+    bed_seconds: Mapped[float | None] = mapped_column(Float)
+
+    attempt: Mapped[Attempt] = relationship(back_populates="executions")
+    phases: Mapped[list[Phase]] = relationship(order_by="Phase.id")
+
+
+class Phase(Base):
+    """One bed command of an execution: what ran, what it printed (bounded), what it meant."""
+
+    __tablename__ = "phases"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    execution_id: Mapped[int] = mapped_column(ForeignKey("executions.id"), index=True)
+    name: Mapped[str] = mapped_column(String(40))
+    argv: Mapped[list[str]] = mapped_column(JSONText)
+    rc: Mapped[int | None] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    tokens: Mapped[list[list[str]]] = mapped_column(JSONText, default=list)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    duration: Mapped[float] = mapped_column(Float)
+    timed_out: Mapped[bool] = mapped_column(Boolean, default=False)
+    transport_error: Mapped[str | None] = mapped_column(Text)
+    stdout: Mapped[str] = mapped_column(Text, default="")
+    stdout_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    stdout_truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    stderr: Mapped[str] = mapped_column(Text, default="")
+    stderr_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    stderr_truncated: Mapped[bool] = mapped_column(Boolean, default=False)

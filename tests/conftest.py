@@ -1,0 +1,73 @@
+"""Shared fixtures: stores on SQLite and (when configured) PostgreSQL, simulated beds."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from apg_farm.store import Store, normalize_url
+
+PG_URL = os.environ.get("APG_FARM_TEST_DATABASE_URL")
+IN_CI = bool(os.environ.get("CI"))
+
+
+def _pg_reachable(url: str) -> str | None:
+    try:
+        engine = sa.create_engine(normalize_url(url))
+        with engine.connect():
+            pass
+        engine.dispose()
+        return None
+    except Exception as error:  # noqa: BLE001 - any failure means "not usable here"
+        return str(error).splitlines()[0]
+
+
+def _backends() -> list[object]:
+    params: list[object] = [pytest.param("sqlite", id="sqlite")]
+    params.append(pytest.param("postgresql", id="postgresql"))
+    return params
+
+
+@pytest.fixture(params=_backends())
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh, migrated store: SQLite in WAL mode, and PostgreSQL in its own schema."""
+    if request.param == "sqlite":
+        s = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+        yield s
+        s.dispose()
+        return
+    if not PG_URL:
+        if IN_CI:
+            pytest.fail("CI is set but APG_FARM_TEST_DATABASE_URL is not: PostgreSQL tests must run in CI")
+        pytest.skip("APG_FARM_TEST_DATABASE_URL not set")
+    problem = _pg_reachable(PG_URL)
+    if problem:
+        if IN_CI:
+            pytest.fail(f"PostgreSQL at APG_FARM_TEST_DATABASE_URL unreachable under CI: {problem}")
+        pytest.skip(f"PostgreSQL unreachable: {problem}")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(normalize_url(PG_URL))
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    s = Store(f"{PG_URL}{sep}options=-csearch_path%3D{schema}")
+    yield s
+    s.dispose()
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+    admin.dispose()
+
+
+@pytest.fixture
+def farm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated APG_FARM_HOME with the embedded database, and no farm settings leaking in."""
+    home = tmp_path / "farm-home"
+    monkeypatch.setenv("APG_FARM_HOME", str(home))
+    monkeypatch.delenv("APG_FARM_DATABASE_URL", raising=False)
+    monkeypatch.delenv("APG_FARM_BROKER_URL", raising=False)
+    return home

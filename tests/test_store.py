@@ -1,0 +1,118 @@
+"""The store: migrations match the models, the attempt key is unique, claims never double up."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.exc import IntegrityError
+
+from apg_farm.claims import claim_next, renew_lease, requeue_expired
+from apg_farm.errors import BadInput, StoreError
+from apg_farm.specs import parse_sweep
+from apg_farm.store import Attempt, AttemptState, Base, Bed, Store
+from scheduler.submit import submit
+
+
+def _bed(store: Store, name: str, pool: str = "canvas_home,kb_docs") -> int:
+    with store.session() as session:
+        bed = Bed(name=name, approot="/tmp/x", ddev="ddev", fixtures=pool.split(","), pool=pool, env={})
+        session.add(bed)
+        session.flush()
+        return bed.id
+
+
+def _sweep(store: Store, trials: int = 2) -> int:
+    spec = parse_sweep({"name": "s", "tasks": ["a", "b"], "models": ["m1", "m2"], "trials": trials})
+    return submit(store, spec).sweep_id
+
+
+def test_migrations_match_models(store: Store) -> None:
+    """The migrated schema equals what the models declare (no forgotten migration)."""
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+
+
+def test_sqlite_uses_wal(tmp_path: Path) -> None:
+    """The embedded store runs SQLite in WAL mode."""
+    store = Store(f"sqlite:///{tmp_path / 'f.db'}")
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_attempt_key_is_unique(store: Store) -> None:
+    """The database itself refuses a second (sweep, task, model, trial)."""
+    sweep_id = _sweep(store)
+    with pytest.raises(IntegrityError), store.session() as session:
+        session.add(Attempt(sweep_id=sweep_id, task="a", model="m1", trial=1, seq=99, pool="p"))
+
+
+def test_bad_url_and_unknown_schema_are_clear(tmp_path: Path) -> None:
+    """A malformed URL is bad input; a database from a newer farm is refused, not damaged."""
+    with pytest.raises(BadInput, match="APG_FARM_DATABASE_URL"):
+        Store("not a url")
+    path = tmp_path / "newer.db"
+    Store(f"sqlite:///{path}").dispose()
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num='9999'")
+    with pytest.raises(StoreError, match="9999"):
+        Store(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM attempts").scalar() == 0
+
+
+def test_concurrent_claims_take_each_attempt_once(store: Store) -> None:
+    """Eight beds claiming at once never hold the same attempt."""
+    _sweep(store, trials=5)
+    beds = [_bed(store, f"b{i}") for i in range(8)]
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(bed_id: int) -> None:
+        while (claim := claim_next(store, bed_id, lease_seconds=60, worker="t")) is not None:
+            with lock:
+                taken.append(claim.attempt_id)
+
+    threads = [threading.Thread(target=claimer, args=(b,)) for b in beds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(taken) == 20
+    assert len(set(taken)) == 20
+
+
+def test_expired_lease_returns_to_queue_and_old_holder_cannot_renew(store: Store) -> None:
+    """A lapsed lease is requeued; the bed that lost it finds out on renewal."""
+    _sweep(store, trials=1)
+    bed = _bed(store, "b1")
+    claim = claim_next(store, bed, lease_seconds=-1, worker="t")
+    assert claim is not None
+    assert requeue_expired(store) == 1
+    assert not renew_lease(store, claim, lease_seconds=60)
+    with store.session() as session:
+        assert session.get_one(Attempt, claim.attempt_id).state == AttemptState.QUEUED
+    again = claim_next(store, bed, lease_seconds=60, worker="t")
+    assert again is not None and again.attempt_id == claim.attempt_id
+    assert again.execution_number == 2
+
+
+def test_claim_prefers_other_beds_for_a_retry(store: Store) -> None:
+    """An attempt a bed failed goes to another bed while one is active."""
+    _sweep(store, trials=1)
+    b1, b2 = _bed(store, "b1"), _bed(store, "b2")
+    with store.session() as session:
+        first = session.scalars(sa.select(Attempt).order_by(Attempt.seq)).first()
+        assert first is not None
+        first.excluded_beds = [b1]
+        first_id = first.id
+    c1 = claim_next(store, b1, lease_seconds=60, worker="t")
+    assert c1 is not None and c1.attempt_id != first_id
+    c2 = claim_next(store, b2, lease_seconds=60, worker="t")
+    assert c2 is not None and c2.attempt_id == first_id

@@ -1,0 +1,116 @@
+"""The embedded executor: no broker, one thread per bed in this process, the same claim and engine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select
+
+from apg_farm.claims import requeue_expired
+from apg_farm.defaults import IDLE_POLL_SECONDS, LEASE_SECONDS
+from apg_farm.store import Attempt, AttemptState, Bed, BedState, Store, Sweep
+from apg_farm.transports import Transport
+from workers.engine import AttemptEngine, AttemptReport
+
+
+@dataclass
+class ExecutorResult:
+    """How an embedded run ended."""
+
+    reports: list[AttemptReport] = field(default_factory=list)
+    #: Attempts still queued or running when no bed could take them (every bed quarantined).
+    stranded: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class EmbeddedExecutor:
+    """Runs a sweep's attempts on every active bed of its pool, one thread per bed."""
+
+    def __init__(
+        self,
+        store: Store,
+        sweep_id: int,
+        *,
+        transport_for: Callable[[str], Transport] | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+        on_report: Callable[[AttemptReport], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.sweep_id = sweep_id
+        self.lease_seconds = lease_seconds
+        self.on_report = on_report
+        self.transport_for = transport_for
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.result = ExecutorResult()
+
+    def stop(self) -> None:
+        """Take no new attempts; running ones finish (their leases keep them safe otherwise)."""
+        self._stop.set()
+
+    def beds(self) -> list[str]:
+        with self.store.session() as session:
+            pool = session.scalar(select(Sweep.pool).where(Sweep.id == self.sweep_id))
+            return list(
+                session.scalars(
+                    select(Bed.name).where(Bed.pool == pool, Bed.state == BedState.ACTIVE).order_by(Bed.name)
+                )
+            )
+
+    def run(self) -> ExecutorResult:
+        """Run until every attempt of the sweep is done, or no bed can take what remains."""
+        requeue_expired(self.store)
+        worker = f"embedded@{socket.gethostname()}:{os.getpid()}"
+        threads = [
+            threading.Thread(target=self._bed_loop, args=(name, worker), name=f"bed-{name}", daemon=True)
+            for name in self.beds()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+        self.result.stranded = self._remaining()
+        return self.result
+
+    def _bed_loop(self, bed_name: str, worker: str) -> None:
+        try:
+            engine = AttemptEngine(
+                self.store,
+                bed_name,
+                worker=f"{worker}/{bed_name}",
+                transport=self.transport_for(bed_name) if self.transport_for else None,
+                lease_seconds=self.lease_seconds,
+            )
+            while not self._stop.is_set():
+                report = engine.run_next(sweep_id=self.sweep_id)
+                if report is not None:
+                    with self._lock:
+                        self.result.reports.append(report)
+                    if self.on_report:
+                        self.on_report(report)
+                    continue
+                if not self._bed_active(bed_name) or self._remaining() == 0:
+                    return
+                # Nothing this bed may take now: attempts are running elsewhere and may come back.
+                requeue_expired(self.store)
+                self._stop.wait(IDLE_POLL_SECONDS)
+        except Exception as error:  # noqa: BLE001 - one bed's crash must not stop the others
+            with self._lock:
+                self.result.errors.append(f"bed {bed_name}: {type(error).__name__}: {error}")
+
+    def _bed_active(self, bed_name: str) -> bool:
+        with self.store.session() as session:
+            return session.scalar(select(Bed.state).where(Bed.name == bed_name)) == BedState.ACTIVE
+
+    def _remaining(self) -> int:
+        with self.store.session() as session:
+            return session.scalar(
+                select(func.count())
+                .select_from(Attempt)
+                .where(Attempt.sweep_id == self.sweep_id, Attempt.state != AttemptState.DONE)
+            ) or 0
