@@ -135,22 +135,24 @@ def grade(
     """`ddev ai-eval-grade <task> [dataset] [model] [--run=<id>]`.
 
     The model is positional after the dataset, and DDEV drops an empty argument when it joins args
-    with spaces, so a model cannot be passed without a dataset: that raises BadInput instead of
-    letting the model land in the dataset slot. With a run id and no model, grade uses the model
-    recorded in run.json.
+    with spaces, so a model cannot be passed without a dataset. With a run id the model is then
+    left out: grade uses the model run.json recorded from `ai-eval-run --model`, and the envelope's
+    model_info is still checked by read_grade. Without a run id that raises BadInput rather than
+    letting the model land in the dataset slot.
     """
     argv = [check_arg("ddev", ddev), "ai-eval-grade", check_arg("task", task)]
-    if model is not None and dataset is None:
-        raise BadInput(
-            "a model needs a dataset: both are positional and an empty dataset would vanish",
-            field="model",
-            fix="pass the dataset ref given to ai-eval-run, or omit the model when grading --run "
-            "(grade then uses the model recorded in run.json)",
-        )
+    if model is not None:
+        check_arg("model", model)
+        if dataset is None and run_id is None:
+            raise BadInput(
+                "a model needs a dataset: both are positional and an empty dataset would vanish",
+                field="model",
+                fix="pass the dataset ref, or grade with --run so the model comes from run.json",
+            )
     if dataset is not None:
         argv.append(check_arg("dataset", dataset))
-    if model is not None:
-        argv.append(check_arg("model", model))
+        if model is not None:
+            argv.append(model)
     if run_id is not None:
         argv.append(f"--run={check_run_id('run_id', run_id)}")
     return tuple(argv)

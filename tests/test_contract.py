@@ -136,10 +136,22 @@ def test_grade_argv_positional_order() -> None:
 
 
 def test_grade_model_without_dataset_refused() -> None:
-    """A model without a dataset cannot be expressed positionally, so it is refused."""
+    """Without a run id, a model without a dataset cannot be expressed, so it is refused."""
     with pytest.raises(BadInput) as info:
-        contract.grade(DDEV, "t1", dataset=None, model="m", run_id="r1")
+        contract.grade(DDEV, "t1", dataset=None, model="m", run_id=None)
     assert info.value.field == "model"
+
+
+def test_grade_model_without_dataset_uses_run_json() -> None:
+    """With a run id and no dataset, the model is left to run.json (still checked if unsafe)."""
+    assert contract.grade(DDEV, "t1", dataset=None, model="m", run_id="r1") == (
+        DDEV,
+        "ai-eval-grade",
+        "t1",
+        "--run=r1",
+    )
+    with pytest.raises(UnsafeArgument):
+        contract.grade(DDEV, "t1", dataset=None, model="m x", run_id="r1")
 
 
 def test_trusted_verify_argv() -> None:
