@@ -11,7 +11,7 @@ MAX_CONSECUTIVE_INFRA_ERRORS = 3
 #: Bytes of stdout/stderr kept per phase (head + tail); enough for every token and the DDEV exit line.
 PHASE_OUTPUT_LIMIT = 256 * 1024
 #: Bytes of grade stdout kept whole; an envelope past this is INVALID (too large), never cut.
-GRADE_STDOUT_LIMIT = 16 * 1024 * 1024
+GRADE_STDOUT_LIMIT = 2 * 1024 * 1024
 #: Bytes of a run.json the farm will read.
 RUN_JSON_LIMIT = 1024 * 1024
 #: Seconds between polls of the store by an idle embedded bed thread.

@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 from jsonschema import Draft7Validator
 
+from apg_farm.defaults import GRADE_STDOUT_LIMIT
 from apg_farm.errors import ContractViolation
 
 #: Largest envelope accepted; a droost_state envelope is a few kilobytes.
-MAX_ENVELOPE_BYTES = 2 * 1024 * 1024
+MAX_ENVELOPE_BYTES = GRADE_STDOUT_LIMIT
 
 SCHEMA_RESOURCE = "eval.schema.v0.2.2.json"
 SCHEMA_VERSION = "0.2.2"

@@ -155,6 +155,11 @@ def _infrastructure(phase: str, output: PhaseOutput) -> Verdict | None:
         return _retry(f"{phase}: no result before the sweep's {phase} timeout")
     if output.project_start_failed:
         return _retry(f"{phase}: DDEV could not start the project")
+    if output.unknown_command:
+        return _retry(
+            f"{phase}: DDEV does not know the command",
+            quarantine=f"{phase}: the bed lacks the ai-eval commands (Error: unknown command)",
+        )
     return None
 
 

@@ -18,5 +18,7 @@ def wilson(passed: int, n: int, *, z: float = Z95) -> tuple[float, float]:
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    # The closed form is exact at the ends; clamp away float noise such as -1e-17.
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0/n and n/n the closed form is exactly 0 or 1; say so rather than keep float noise.
+    low = 0.0 if passed == 0 else max(0.0, centre - half)
+    high = 1.0 if passed == n else min(1.0, centre + half)
+    return low, high

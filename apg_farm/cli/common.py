@@ -12,8 +12,9 @@ from rich.table import Table
 from apg_farm.settings import load_settings
 from apg_farm.store import Store
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# Piped output (CI logs, `| less`) would otherwise be squeezed to 80 columns.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
 
 
 def open_store() -> Store:
@@ -21,26 +22,28 @@ def open_store() -> Store:
     return Store(load_settings().resolved_database_url())
 
 
-def _rate(cell: dict[str, Any]) -> str:
+def _rate(cell: dict[str, Any]) -> tuple[str, str]:
     if cell["pass_rate"] is None:
-        return "—"
-    return f"{cell['pass_rate']:.0%} [{cell['ci_low']:.0%}, {cell['ci_high']:.0%}]"
+        return "—", ""
+    return f"{cell['pass_rate']:.0%}", f"{cell['ci_low']:.0%}–{cell['ci_high']:.0%}"
 
 
 def report_table(report: dict[str, Any]) -> Table:
     """Per (task, model): pass rate with its Wilson 95 % interval, and every outcome beside it."""
     sweep = report["sweep"]
     table = Table(title=f"sweep {sweep['name']} (id {sweep['id']}, {sweep['attempts']} attempts)")
-    for name in ("task", "model", "n", "pass rate [95% CI]", "passed", "failed", "no att.", "tamp."):
-        table.add_column(name, justify="left" if name in ("task", "model") else "right")
-    for name in ("skipped", "invalid", "error", "pending"):
-        table.add_column(name, justify="right", style="yellow")
+    for name in ("task", "model"):
+        table.add_column(name, no_wrap=True)
+    for name in ("n", "pass rate", "95% CI", "pass", "fail", "no-att", "tamp"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for name in ("skip", "inval", "err", "pend"):
+        table.add_column(name, justify="right", style="yellow", no_wrap=True)
     for cell in report["cells"]:
         table.add_row(
             cell["task"],
             cell["model"],
             str(cell["n"]),
-            _rate(cell),
+            *_rate(cell),
             *(
                 str(cell[k])
                 for k in ("passed", "failed", "no_attempt", "tampered", "skipped", "invalid", "error", "pending")
