@@ -1,0 +1,228 @@
+"""A whole sweep on simulated beds through the embedded executor: outcomes, quarantine, retries."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+from sqlalchemy import select
+
+from apg_farm.outcomes import Outcome
+from apg_farm.report import find_sweep, sweep_report
+from apg_farm.specs import Timeouts
+from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store
+from fixtures import simbed
+from scheduler.control import cancel_sweep
+from scheduler.submit import submit
+from tests.simbeds import make_beds, spec
+from workers.embedded import EmbeddedExecutor
+
+
+def _run(store: Store, sweep_id: int) -> None:
+    result = EmbeddedExecutor(store, sweep_id).run()
+    assert result.errors == []
+
+
+def _attempts(store: Store, sweep_id: int) -> list[Attempt]:
+    with store.session() as session:
+        rows = list(session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)))
+        session.expunge_all()
+        return rows
+
+
+def _executions(store: Store) -> list[tuple[Execution, str]]:
+    with store.session() as session:
+        rows = [
+            (e, name)
+            for e, name in session.execute(
+                select(Execution, Bed.name).join(Bed, Bed.id == Execution.bed_id).order_by(Execution.id)
+            )
+        ]
+        session.expunge_all()
+        return rows
+
+
+def assert_no_bed_overlap(store: Store, beds: list[Bed]) -> None:
+    """No bed ran two executions at once (store timestamps) nor two commands at once (bed's own log)."""
+    by_bed: dict[str, list[Execution]] = {}
+    for execution, name in _executions(store):
+        by_bed.setdefault(name, []).append(execution)
+    for runs in by_bed.values():
+        runs.sort(key=lambda e: e.started_at)
+        for earlier, later in zip(runs, runs[1:], strict=False):
+            assert earlier.finished_at is not None
+            assert earlier.finished_at <= later.started_at
+    for bed in beds:
+        log = simbed.read_log(Path(bed.approot))
+        assert not any(line.get("overlap") for line in log)
+
+
+def test_sweep_gives_every_attempt_one_outcome_and_report_agrees(store: Store, tmp_path: Path) -> None:
+    """4 beds, 2 models x 3 tasks x 4 trials: all done, report equals the stored executions."""
+    beds = make_beds(store, tmp_path, 4)
+    sweep_id = submit(store, spec(tasks=3, trials=4)).sweep_id
+    _run(store, sweep_id)
+    attempts = _attempts(store, sweep_id)
+    assert len(attempts) == 24
+    assert all(a.state == AttemptState.DONE for a in attempts)
+    assert {a.outcome for a in attempts} <= {Outcome.PASSED, Outcome.FAILED}
+    executions = _executions(store)
+    assert len(executions) == 24
+    # The report is derived from the store: recompute it from the executions' own results.
+    report = sweep_report(store, find_sweep(store, "s"))
+    final = Counter(e.result for e, _ in executions)
+    assert report["outcomes"] == dict(final)
+    for cell in report["cells"]:
+        passed = sum(
+            1
+            for e, _ in executions
+            if e.result == "PASSED"
+            and (a := next(x for x in attempts if x.id == e.attempt_id)).task == cell["task"]
+            and a.model == cell["model"]
+        )
+        assert cell["passed"] == passed and cell["n"] == 4
+    # Scores and envelopes are kept verbatim with their hash.
+    for execution, _ in executions:
+        assert execution.envelope and execution.envelope_sha256 and execution.run_id
+        assert execution.run_id in execution.envelope.decode()
+    assert_no_bed_overlap(store, beds)
+    # Different models really differ on the simulated beds (skill 0.85 vs 0.55 on dv01).
+    assert len({c["pass_rate"] for c in report["cells"]}) > 1
+
+
+def test_faults_are_contained_and_counts_reconcile(store: Store, tmp_path: Path) -> None:
+    """Reset failure, tampering agent, adapter failure and a skipped task on a 5-bed pool."""
+    beds = make_beds(
+        store,
+        tmp_path,
+        5,
+        faults={0: {"reset_fail": True}, 1: {"tamper": True}, 2: {"adapter_fail": True}},
+    )
+    tasks = ["dv01_view_build", "cv01_canvas_home", "nx01_prose_only"]
+    sweep_id = submit(store, spec(task_ids=tasks, trials=3)).sweep_id
+    _run(store, sweep_id)
+
+    attempts = _attempts(store, sweep_id)
+    executions = _executions(store)
+    outcomes = Counter(a.outcome for a in attempts)
+    # Every attempt has exactly one final outcome, and they add up.
+    assert all(a.state == AttemptState.DONE and a.outcome for a in attempts)
+    assert sum(outcomes.values()) == len(attempts) == 18
+    assert outcomes[Outcome.ERROR] == 0
+    # Each attempt has exactly one final execution; all others are retries.
+    for attempt in attempts:
+        mine = [e for e, _ in executions if e.attempt_id == attempt.id]
+        assert [e.result for e in mine].count(attempt.outcome) == 1
+        assert all(e.result == "RETRY" for e in mine if e.result != attempt.outcome)
+        beds_tried = [name for e, name in executions if e.attempt_id == attempt.id]
+        assert len(beds_tried) == len(set(beds_tried)), "a retry went back to a bed that failed it"
+
+    states = {b.name: b for b in _beds(store)}
+    assert states["bed0"].state == BedState.QUARANTINED and "RESET" in (states["bed0"].state_reason or "")
+    assert states["bed1"].state == BedState.QUARANTINED and "TAMPERED" in (states["bed1"].state_reason or "")
+    assert states["bed2"].state == BedState.QUARANTINED
+    assert states["bed3"].state == states["bed4"].state == BedState.ACTIVE
+    per_bed = Counter(name for _, name in executions)
+    assert per_bed["bed0"] == 1 and per_bed["bed1"] == 1 and per_bed["bed2"] <= 3
+    # The tampered attempt was not graded; its evidence is kept.
+    tampered = [e for e, name in executions if name == "bed1"]
+    assert tampered[0].result == Outcome.TAMPERED and tampered[0].envelope is None
+    with store.session() as session:
+        phases = session.scalars(select(Phase).where(Phase.execution_id == tampered[0].id)).all()
+        assert [p.name for p in phases][-1] == "verify_after"
+        assert "APG_TAMPERED" in phases[-1].stderr
+    # The skip task is SKIPPED wherever it was graded.
+    for attempt in attempts:
+        if attempt.task == "nx01_prose_only" and attempt.outcome != Outcome.TAMPERED:
+            assert attempt.outcome == Outcome.SKIPPED
+    assert outcomes[Outcome.SKIPPED] >= 5
+    # Retries: every infrastructure failure was retried on another bed and ended there.
+    retried = {e.attempt_id for e, _ in executions if e.result == "RETRY"}
+    assert retried, "the faulty beds should have caused retries"
+    assert_no_bed_overlap(store, beds)
+
+
+def _beds(store: Store) -> list[Bed]:
+    with store.session() as session:
+        rows = list(session.scalars(select(Bed)))
+        session.expunge_all()
+        return rows
+
+
+def test_infra_failures_everywhere_end_in_error_after_the_budget(store: Store, tmp_path: Path) -> None:
+    """With every bed failing to start the adapter, the attempt is ERROR after retries + 1 tries on distinct beds."""
+    make_beds(store, tmp_path, 3, faults={i: {"adapter_fail": True} for i in range(3)})
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1, retries=2)).sweep_id
+    _run(store, sweep_id)
+    [attempt] = _attempts(store, sweep_id)
+    assert attempt.outcome == Outcome.ERROR and "APG_CLAUDE_INSTALL_FAILED" in (attempt.reason or "")
+    tries = [name for e, name in _executions(store) if e.attempt_id == attempt.id]
+    assert sorted(tries) == ["bed0", "bed1", "bed2"]
+
+
+def test_agent_failures_are_graded_never_retried(store: Store, tmp_path: Path) -> None:
+    """An agent timeout or error is NO_ATTEMPT after grading, on the bed it happened on."""
+    make_beds(store, tmp_path, 2, faults={0: {"agent_timeout": True}, 1: {"agent_fail": True}})
+    sweep_id = submit(store, spec(tasks=1, models=2, trials=2)).sweep_id
+    _run(store, sweep_id)
+    assert {a.outcome for a in _attempts(store, sweep_id)} == {Outcome.NO_ATTEMPT}
+    executions = _executions(store)
+    assert len(executions) == 4 and all(e.result == Outcome.NO_ATTEMPT for e, _ in executions)
+
+
+def test_bad_bed_output_is_invalid_and_nothing_is_lost(store: Store, tmp_path: Path) -> None:
+    """Malformed, other-task, non-UTF-8 and 8 MiB envelopes are INVALID; outputs are stored bounded."""
+    faults = {
+        0: {"malformed_envelope": True},
+        1: {"wrong_task_envelope": True},
+        2: {"non_utf8": True},
+        3: {"huge_output": {"bytes": 8 * 1024 * 1024}},
+    }
+    make_beds(store, tmp_path, 4, faults=faults)
+    sweep_id = submit(store, spec(tasks=1, models=2, trials=2)).sweep_id
+    _run(store, sweep_id)
+    attempts = _attempts(store, sweep_id)
+    assert [a.outcome for a in attempts] == [Outcome.INVALID] * 4
+    reasons = " ".join(a.reason or "" for a in attempts)
+    for problem in ("not_json", "other_task", "not_utf8", "too_large"):
+        assert problem in reasons
+    with store.session() as session:
+        grades = session.scalars(select(Phase).where(Phase.name == "grade")).all()
+        huge = [p for p in grades if p.stdout_bytes == 8 * 1024 * 1024]
+        assert huge and huge[0].stdout_truncated and len(huge[0].stdout) < 3 * 1024 * 1024
+        assert all(p.stdout_bytes > 0 for p in grades)
+
+
+def test_hung_run_is_killed_and_retried_elsewhere(store: Store, tmp_path: Path) -> None:
+    """A run that never ends hits the sweep's run timeout, is killed, and the attempt passes or fails on another bed."""
+    make_beds(store, tmp_path, 2, faults={0: {"hang": {"command": "ai-eval-run"}}})
+    timeouts = Timeouts(verify=30, reset=30, run=2, grade=30)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=2, timeouts=timeouts)).sweep_id
+    _run(store, sweep_id)
+    attempts = _attempts(store, sweep_id)
+    assert {a.outcome for a in attempts} <= {Outcome.PASSED, Outcome.FAILED}
+    hung = [e for e, name in _executions(store) if name == "bed0"]
+    assert hung and all(e.result == "RETRY" for e in hung)
+    with store.session() as session:
+        run = session.scalars(select(Phase).where(Phase.execution_id == hung[0].id, Phase.name == "run")).one()
+        assert run.timed_out and run.duration < 10
+
+
+def test_cancel_stops_the_sweep(store: Store, tmp_path: Path) -> None:
+    """Cancelling mid-sweep: queued attempts CANCELLED at once, running ones at the next phase; all end."""
+    make_beds(store, tmp_path, 2, config={"time_scale": 200})
+    sweep_id = submit(store, spec(tasks=2, models=2, trials=5)).sweep_id
+    executor = EmbeddedExecutor(store, sweep_id)
+    runner = threading.Thread(target=executor.run)
+    runner.start()
+    while len([e for e, _ in _executions(store)]) < 3:
+        runner.join(timeout=0.05)
+    cancelled = cancel_sweep(store, sweep_id)
+    runner.join(timeout=60)
+    assert not runner.is_alive()
+    attempts = _attempts(store, sweep_id)
+    outcomes = Counter(a.outcome for a in attempts)
+    assert all(a.state == AttemptState.DONE for a in attempts)
+    assert cancelled > 0 and outcomes[Outcome.CANCELLED] >= cancelled
+    assert outcomes[Outcome.CANCELLED] < 20
