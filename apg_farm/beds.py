@@ -33,25 +33,41 @@ def _resolve_ddev(ddev: str) -> str:
     if "/" in ddev:
         path = Path(ddev).expanduser().resolve()
         if not path.is_file() or not os.access(path, os.X_OK):
-            raise BadInput(f"{ddev} is not an executable file", field="--ddev", fix="give the path of ddev")
+            raise BadInput(
+                f"{ddev} is not an executable file", field="--ddev", fix="give the path of ddev"
+            )
         return str(path)
     found = shutil.which(ddev)
     if found is None:
-        raise BadInput(f"{ddev!r} is not on PATH", field="--ddev", fix="install DDEV or give --ddev /path/to/ddev")
+        raise BadInput(
+            f"{ddev!r} is not on PATH",
+            field="--ddev",
+            fix="install DDEV or give --ddev /path/to/ddev",
+        )
     return found
 
 
 def validate_new_bed(bed: NewBed) -> Bed:
     """Check everything about a bed before it is stored; every error names the flag to change."""
     if not _NAME.fullmatch(bed.name):
-        raise BadInput(f"{bed.name!r} is not a bed name", field="NAME", fix="use letters, digits, '.', '_', '-'")
+        raise BadInput(
+            f"{bed.name!r} is not a bed name",
+            field="NAME",
+            fix="use letters, digits, '.', '_', '-'",
+        )
     approot = bed.approot.expanduser()
     if not approot.is_dir():
-        raise NotFound(f"{approot} is not a directory", field="--approot", fix="give the bed's DDEV project folder")
+        raise NotFound(
+            f"{approot} is not a directory",
+            field="--approot",
+            fix="give the bed's DDEV project folder",
+        )
     approot = approot.resolve()
     check_arg("--approot", str(approot))
     if not bed.fixtures:
-        raise BadInput("no fixtures given", field="--fixtures", fix="e.g. --fixtures kb_docs,canvas_home")
+        raise BadInput(
+            "no fixtures given", field="--fixtures", fix="e.g. --fixtures kb_docs,canvas_home"
+        )
     fixtures = [check_arg("--fixtures", f) for f in bed.fixtures]
     escrow = None
     if bed.escrow_set is not None:
@@ -89,7 +105,9 @@ def add_bed(store: Store, bed: NewBed) -> Bed:
     row = validate_new_bed(bed)
     with store.session() as session:
         if session.scalar(select(Bed.id).where(Bed.name == bed.name)) is not None:
-            raise BadInput(f"a bed named {bed.name!r} exists", field="NAME", fix="choose another name")
+            raise BadInput(
+                f"a bed named {bed.name!r} exists", field="NAME", fix="choose another name"
+            )
         session.add(row)
         session.flush()
         session.add(BedEvent(bed_id=row.id, kind="added", detail=f"{row.approot} pool={row.pool}"))

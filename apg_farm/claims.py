@@ -15,7 +15,17 @@ from sqlalchemy import func, select, update
 from apg_farm.defaults import EXTRA_DELIVERIES
 from apg_farm.outcomes import Outcome
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Store, Sweep, utcnow
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    Execution,
+    Store,
+    Sweep,
+    rowcount,
+    utcnow,
+)
 from apg_farm.store.models import SweepState
 
 #: How many queued attempts a claimer looks at to find one it may take.
@@ -92,26 +102,30 @@ def claim_next(
         for attempt, sweep in session.execute(query).all():
             spec = SweepSpec.model_validate(sweep.spec)
             if _poisoned(attempt, spec):
-                _finish_poisoned(session, attempt, now)
+                _finish_poisoned(attempt, now)
                 continue
             if not _may_take(attempt, bed_id, active):
                 continue
-            won = session.execute(
-                update(Attempt)
-                .where(Attempt.id == attempt.id, Attempt.state == AttemptState.QUEUED)
-                .values(
-                    state=AttemptState.RUNNING,
-                    bed_id=bed_id,
-                    lease_expires_at=now + timedelta(seconds=lease_seconds),
-                    deliveries=Attempt.deliveries + 1,
+            won = rowcount(
+                session.execute(
+                    update(Attempt)
+                    .where(Attempt.id == attempt.id, Attempt.state == AttemptState.QUEUED)
+                    .values(
+                        state=AttemptState.RUNNING,
+                        bed_id=bed_id,
+                        lease_expires_at=now + timedelta(seconds=lease_seconds),
+                        deliveries=Attempt.deliveries + 1,
+                    )
+                    .execution_options(synchronize_session=False)
                 )
-                .execution_options(synchronize_session=False)
-            ).rowcount
+            )
             if won != 1:
                 continue
             number = (
                 session.scalar(
-                    select(func.count()).select_from(Execution).where(Execution.attempt_id == attempt.id)
+                    select(func.count())
+                    .select_from(Execution)
+                    .where(Execution.attempt_id == attempt.id)
                 )
                 or 0
             ) + 1
@@ -135,7 +149,7 @@ def claim_next(
     return None
 
 
-def _finish_poisoned(session: object, attempt: Attempt, now: datetime) -> None:
+def _finish_poisoned(attempt: Attempt, now: datetime) -> None:
     # Delivered again and again without finishing (a worker that dies on it): stop looping.
     attempt.state = AttemptState.DONE
     attempt.outcome = Outcome.ERROR
@@ -148,25 +162,29 @@ def _finish_poisoned(session: object, attempt: Attempt, now: datetime) -> None:
 def renew_lease(store: Store, claim: Claim, *, lease_seconds: float) -> bool:
     """Extend the lease; False when the claim was lost (expired and taken back)."""
     with store.session() as session:
-        renewed = session.execute(
-            update(Attempt)
-            .where(
-                Attempt.id == claim.attempt_id,
-                Attempt.state == AttemptState.RUNNING,
-                Attempt.bed_id == claim.bed_id,
+        renewed = rowcount(
+            session.execute(
+                update(Attempt)
+                .where(
+                    Attempt.id == claim.attempt_id,
+                    Attempt.state == AttemptState.RUNNING,
+                    Attempt.bed_id == claim.bed_id,
+                )
+                .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
+                .execution_options(synchronize_session=False)
             )
-            .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
-            .execution_options(synchronize_session=False)
-        ).rowcount
+        )
     return renewed == 1
 
 
 def requeue_expired(store: Store) -> int:
     """Return attempts whose lease ran out (their bed or worker died) to the queue."""
     with store.session() as session:
-        return session.execute(
-            update(Attempt)
-            .where(Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < utcnow())
-            .values(state=AttemptState.QUEUED, bed_id=None, lease_expires_at=None)
-            .execution_options(synchronize_session=False)
-        ).rowcount
+        return rowcount(
+            session.execute(
+                update(Attempt)
+                .where(Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < utcnow())
+                .values(state=AttemptState.QUEUED, bed_id=None, lease_expires_at=None)
+                .execution_options(synchronize_session=False)
+            )
+        )

@@ -35,7 +35,11 @@ class BedCommand:
 
 
 def run_on_bed(
-    bed: Bed, argv: tuple[str, ...], *, transport: Transport | None = None, timeout: float = MAINTENANCE_TIMEOUT
+    bed: Bed,
+    argv: tuple[str, ...],
+    *,
+    transport: Transport | None = None,
+    timeout: float = MAINTENANCE_TIMEOUT,
 ) -> BedCommand:
     """Run one contract command with the bed's allow-listed environment, in its approot."""
     result = (transport or LocalTransport()).run(
@@ -59,7 +63,9 @@ def provision(bed: Bed, *, transport: Transport | None = None) -> BedCommand:
 
 def escrow(bed: Bed, *, force: bool = False, transport: Transport | None = None) -> str:
     """`ddev ai-eval-escrow <set>`: returns the escrow set's absolute path, refused inside the project."""
-    done = run_on_bed(bed, contract.escrow(bed.ddev, list(bed.fixtures), force=force), transport=transport)
+    done = run_on_bed(
+        bed, contract.escrow(bed.ddev, list(bed.fixtures), force=force), transport=transport
+    )
     if done.output.exit_code != 0:
         raise FarmError(done.failure(f"escrow of bed {bed.name}"))
     path = contract.parse_escrow_path(done.result.stdout.text())
@@ -76,7 +82,9 @@ def doctor(bed: Bed, *, transport: Transport | None = None) -> tuple[bool, dict[
     """`ddev ai-eval-doctor <set>`: (healthy, the JSON verdict or a description of the failure)."""
     done = run_on_bed(bed, contract.doctor(bed.ddev, list(bed.fixtures)), transport=transport)
     try:
-        verdict: dict[str, Any] = dict(contract.parse_json_report(done.result.stdout.data, what="doctor"))
+        verdict: dict[str, Any] = dict(
+            contract.parse_json_report(done.result.stdout.data, what="doctor")
+        )
     except ContractViolation as error:
         return False, {"error": error.message, "detail": done.failure("doctor")}
     return done.output.exit_code == 0, verdict

@@ -21,7 +21,9 @@ class Outcome(StrEnum):
 
     PASSED = "PASSED"  #: valid, matching envelope whose score equals the metric's max_score
     FAILED = "FAILED"  #: valid, matching envelope with a lower score
-    NO_ATTEMPT = "NO_ATTEMPT"  #: the agent failed (timeout, error) and the grade found nothing passing
+    NO_ATTEMPT = (
+        "NO_ATTEMPT"  #: the agent failed (timeout, error) and the grade found nothing passing
+    )
     TAMPERED = "TAMPERED"  #: the verify after the run failed: not graded, counts as a failure
     SKIPPED = "SKIPPED"  #: the task has no droost spec (APG_GRADE_SKIP): nothing to grade
     INVALID = "INVALID"  #: the envelope is malformed or names another task, model or run
@@ -40,13 +42,17 @@ class Effect(StrEnum):
 
     INFO = "info"  #: recorded; changes nothing
     INFRA = "infra"  #: infrastructure failure: retry the attempt on another bed
-    BED_BROKEN = "bed_broken"  #: infrastructure failure caused by the bed itself: retry and quarantine
+    BED_BROKEN = (
+        "bed_broken"  #: infrastructure failure caused by the bed itself: retry and quarantine
+    )
     AGENT = "agent"  #: the agent failed: still verified and graded; never retried
     TAMPER = "tamper"  #: judging code changed: TAMPERED after a run, and the bed is quarantined
     MISMATCH = "mismatch"  #: baseline files differ: TAMPERED after a run; --restore repairs them
     SECURITY = "security"  #: the agent leaked its token: the attempt stands, the bed is quarantined
     SKIP = "skip"  #: nothing to grade: SKIPPED
-    RUN_INVALID = "run_invalid"  #: grade refused the run record: INVALID, or NO_ATTEMPT if none was made
+    RUN_INVALID = (
+        "run_invalid"  #: grade refused the run record: INVALID, or NO_ATTEMPT if none was made
+    )
 
 
 @dataclass(frozen=True)
@@ -223,7 +229,9 @@ def judge_run(output: PhaseOutput, *, run_recorded: bool) -> Verdict:
     if Effect.AGENT in found or run_recorded:
         # The adapter ran and the agent ended without an attempt: graded, never retried away.
         reason = _token_list(output, Effect.AGENT) or f"adapter exit {output.exit_code}"
-        return Verdict("continue", f"agent failed: {reason}", quarantine=security, agent_failed=True)
+        return Verdict(
+            "continue", f"agent failed: {reason}", quarantine=security, agent_failed=True
+        )
     return _retry(f"run failed before the adapter started (exit {output.exit_code}, no run record)")
 
 
@@ -273,5 +281,7 @@ def judge_grade(
     if grade.passed:
         return _final(Outcome.PASSED, score)
     if agent_failed:
-        return _final(Outcome.NO_ATTEMPT, f"agent failed and the grade found nothing passing ({score})")
+        return _final(
+            Outcome.NO_ATTEMPT, f"agent failed and the grade found nothing passing ({score})"
+        )
     return _final(Outcome.FAILED, score)

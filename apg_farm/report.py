@@ -33,7 +33,10 @@ def find_sweep(store: Store, ref: str) -> Sweep:
         if sweep is None:
             sweep = session.scalar(select(Sweep).where(Sweep.name == ref))
         if sweep is None:
-            raise NotFound(f"no sweep {ref!r}", fix="see the sweep's id or name in `apg-farm sweep submit` output")
+            raise NotFound(
+                f"no sweep {ref!r}",
+                fix="see the sweep's id or name in `apg-farm sweep submit` output",
+            )
         session.expunge(sweep)
         return sweep
 

@@ -122,7 +122,8 @@ def parse_sweep(data: Any, *, source: str = "sweep") -> SweepSpec:
     """Validate already-loaded sweep data."""
     if not isinstance(data, dict):
         raise BadInput(
-            "a sweep file must be a mapping of keys (name, tasks, models, trials, ...)", field=source
+            "a sweep file must be a mapping of keys (name, tasks, models, trials, ...)",
+            field=source,
         )
     try:
         return SweepSpec.model_validate(data)
@@ -141,7 +142,9 @@ def load_sweep(path: Path) -> SweepSpec:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise BadInput(f"{path}: not UTF-8 text (byte {error.start})", fix="save it as UTF-8") from None
+        raise BadInput(
+            f"{path}: not UTF-8 text (byte {error.start})", fix="save it as UTF-8"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:

@@ -9,7 +9,7 @@ from sqlalchemy import select, update
 
 from apg_farm.errors import NotFound
 from apg_farm.outcomes import Outcome
-from apg_farm.store import Attempt, AttemptState, Bed, Store, Sweep, utcnow
+from apg_farm.store import Attempt, AttemptState, Bed, Store, Sweep, rowcount, utcnow
 from apg_farm.store.models import SweepState
 
 
@@ -22,17 +22,19 @@ def cancel_sweep(store: Store, sweep_id: int) -> int:
             raise NotFound(f"no sweep with id {sweep_id}")
         sweep.state = SweepState.CANCELLED
         sweep.cancelled_at = sweep.cancelled_at or now
-        return session.execute(
-            update(Attempt)
-            .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED)
-            .values(
-                state=AttemptState.DONE,
-                outcome=Outcome.CANCELLED,
-                reason="sweep cancelled before the attempt ran",
-                finished_at=now,
+        return rowcount(
+            session.execute(
+                update(Attempt)
+                .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED)
+                .values(
+                    state=AttemptState.DONE,
+                    outcome=Outcome.CANCELLED,
+                    reason="sweep cancelled before the attempt ran",
+                    finished_at=now,
+                )
+                .execution_options(synchronize_session=False)
             )
-            .execution_options(synchronize_session=False)
-        ).rowcount
+        )
 
 
 def sweep_status(store: Store, sweep_id: int) -> dict[str, Any]:

@@ -29,9 +29,8 @@ class Submission:
         if self.created == 0:
             return f"sweep {self.name} (id {self.sweep_id}): already submitted, nothing new ({self.existing} attempts)"
         verb = "submitted" if self.new_sweep else "extended"
-        return (
-            f"sweep {self.name} (id {self.sweep_id}) {verb}: {self.created} new attempts"
-            + (f", {self.existing} already there" if self.existing else "")
+        return f"sweep {self.name} (id {self.sweep_id}) {verb}: {self.created} new attempts" + (
+            f", {self.existing} already there" if self.existing else ""
         )
 
 
@@ -56,7 +55,9 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
             existing = {
                 (a.task, a.model, a.trial)
                 for a in session.execute(
-                    select(Attempt.task, Attempt.model, Attempt.trial).where(Attempt.sweep_id == sweep.id)
+                    select(Attempt.task, Attempt.model, Attempt.trial).where(
+                        Attempt.sweep_id == sweep.id
+                    )
                 )
             }
         base = session.scalar(select(func.max(Attempt.seq)).where(Attempt.sweep_id == sweep.id))

@@ -23,7 +23,7 @@ def _pg_reachable(url: str) -> str | None:
             pass
         engine.dispose()
         return None
-    except Exception as error:  # noqa: BLE001 - any failure means "not usable here"
+    except Exception as error:
         return str(error).splitlines()[0]
 
 
@@ -43,7 +43,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         return
     if not PG_URL:
         if IN_CI:
-            pytest.fail("CI is set but APG_FARM_TEST_DATABASE_URL is not: PostgreSQL tests must run in CI")
+            pytest.fail(
+                "CI is set but APG_FARM_TEST_DATABASE_URL is not: PostgreSQL tests must run in CI"
+            )
         pytest.skip("APG_FARM_TEST_DATABASE_URL not set")
     problem = _pg_reachable(PG_URL)
     if problem:

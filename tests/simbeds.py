@@ -52,7 +52,9 @@ def make_beds(
     return beds
 
 
-def spec(name: str = "s", *, tasks: int = 2, models: int = 2, trials: int = 2, **extra: Any) -> SweepSpec:
+def spec(
+    name: str = "s", *, tasks: int = 2, models: int = 2, trials: int = 2, **extra: Any
+) -> SweepSpec:
     """A sweep over the simulated dataset with short timeouts."""
     return SweepSpec(
         name=name,

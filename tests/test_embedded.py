@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from pathlib import Path
@@ -36,7 +37,9 @@ def _executions(store: Store) -> list[tuple[Execution, str]]:
         rows = [
             (e, name)
             for e, name in session.execute(
-                select(Execution, Bed.name).join(Bed, Bed.id == Execution.bed_id).order_by(Execution.id)
+                select(Execution, Bed.name)
+                .join(Bed, Bed.id == Execution.bed_id)
+                .order_by(Execution.id)
             )
         ]
         session.expunge_all()
@@ -50,7 +53,7 @@ def assert_no_bed_overlap(store: Store, beds: list[Bed]) -> None:
         by_bed.setdefault(name, []).append(execution)
     for runs in by_bed.values():
         runs.sort(key=lambda e: e.started_at)
-        for earlier, later in zip(runs, runs[1:], strict=False):
+        for earlier, later in itertools.pairwise(runs):
             assert earlier.finished_at is not None
             assert earlier.finished_at <= later.started_at
     for bed in beds:
@@ -58,7 +61,9 @@ def assert_no_bed_overlap(store: Store, beds: list[Bed]) -> None:
         assert not any(line.get("overlap") for line in log)
 
 
-def test_sweep_gives_every_attempt_one_outcome_and_report_agrees(store: Store, tmp_path: Path) -> None:
+def test_sweep_gives_every_attempt_one_outcome_and_report_agrees(
+    store: Store, tmp_path: Path
+) -> None:
     """4 beds, 2 models x 3 tasks x 4 trials: all done, report equals the stored executions."""
     beds = make_beds(store, tmp_path, 4)
     sweep_id = submit(store, spec(tasks=3, trials=4)).sweep_id
@@ -119,8 +124,12 @@ def test_faults_are_contained_and_counts_reconcile(store: Store, tmp_path: Path)
         assert len(beds_tried) == len(set(beds_tried)), "a retry went back to a bed that failed it"
 
     states = {b.name: b for b in _beds(store)}
-    assert states["bed0"].state == BedState.QUARANTINED and "RESET" in (states["bed0"].state_reason or "")
-    assert states["bed1"].state == BedState.QUARANTINED and "TAMPERED" in (states["bed1"].state_reason or "")
+    assert states["bed0"].state == BedState.QUARANTINED and "RESET" in (
+        states["bed0"].state_reason or ""
+    )
+    assert states["bed1"].state == BedState.QUARANTINED and "TAMPERED" in (
+        states["bed1"].state_reason or ""
+    )
     assert states["bed2"].state == BedState.QUARANTINED
     assert states["bed3"].state == states["bed4"].state == BedState.ACTIVE
     per_bed = Counter(name for _, name in executions)
@@ -150,13 +159,17 @@ def _beds(store: Store) -> list[Bed]:
         return rows
 
 
-def test_infra_failures_everywhere_end_in_error_after_the_budget(store: Store, tmp_path: Path) -> None:
+def test_infra_failures_everywhere_end_in_error_after_the_budget(
+    store: Store, tmp_path: Path
+) -> None:
     """With every bed failing to start the adapter, the attempt is ERROR after retries + 1 tries on distinct beds."""
     make_beds(store, tmp_path, 3, faults={i: {"adapter_fail": True} for i in range(3)})
     sweep_id = submit(store, spec(tasks=1, models=1, trials=1, retries=2)).sweep_id
     _run(store, sweep_id)
     [attempt] = _attempts(store, sweep_id)
-    assert attempt.outcome == Outcome.ERROR and "APG_CLAUDE_INSTALL_FAILED" in (attempt.reason or "")
+    assert attempt.outcome == Outcome.ERROR and "APG_CLAUDE_INSTALL_FAILED" in (
+        attempt.reason or ""
+    )
     tries = [name for e, name in _executions(store) if e.attempt_id == attempt.id]
     assert sorted(tries) == ["bed0", "bed1", "bed2"]
 
@@ -205,7 +218,9 @@ def test_hung_run_is_killed_and_retried_elsewhere(store: Store, tmp_path: Path) 
     hung = [e for e, name in _executions(store) if name == "bed0"]
     assert hung and all(e.result == "RETRY" for e in hung)
     with store.session() as session:
-        run = session.scalars(select(Phase).where(Phase.execution_id == hung[0].id, Phase.name == "run")).one()
+        run = session.scalars(
+            select(Phase).where(Phase.execution_id == hung[0].id, Phase.name == "run")
+        ).one()
         assert run.timed_out and run.duration < 10
 
 

@@ -24,7 +24,9 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "outcomes.md"
 RED = "\x1b[31m{}\x1b[0m"
 
 
-def out(rc: int | None, stderr: str = "", argv: tuple[str, ...] = ("ddev", "ai-eval-x"), **kw: object) -> PhaseOutput:
+def out(
+    rc: int | None, stderr: str = "", argv: tuple[str, ...] = ("ddev", "ai-eval-x"), **kw: object
+) -> PhaseOutput:
     data = stderr.encode()
     result = CommandResult(
         argv=argv,
@@ -38,7 +40,11 @@ def out(rc: int | None, stderr: str = "", argv: tuple[str, ...] = ("ddev", "ai-e
 
 
 def web_fail(cmd: str, status: int, lines: str = "") -> PhaseOutput:
-    return out(1, lines + RED.format(f"Failed to run {cmd} x: exit status {status}") + "\n", argv=("ddev", cmd, "x"))
+    return out(
+        1,
+        lines + RED.format(f"Failed to run {cmd} x: exit status {status}") + "\n",
+        argv=("ddev", cmd, "x"),
+    )
 
 
 def test_every_token_has_a_row_in_the_doc() -> None:
@@ -56,8 +62,12 @@ def test_every_outcome_has_a_row_in_the_doc() -> None:
 
 def test_verify_before() -> None:
     """A failing verify before reset is the bed's problem: retry, quarantine when judging code changed."""
-    assert judge_verify_before(out(0, "APG_ESCROW_RESTORED x\nAPG_ESCROW_OK\n")).action == "continue"
-    tampered = judge_verify_before(out(1, "APG_TAMPERED web/x.php changed\n", argv=("/usr/bin/bash", "v.sh")))
+    assert (
+        judge_verify_before(out(0, "APG_ESCROW_RESTORED x\nAPG_ESCROW_OK\n")).action == "continue"
+    )
+    tampered = judge_verify_before(
+        out(1, "APG_TAMPERED web/x.php changed\n", argv=("/usr/bin/bash", "v.sh"))
+    )
     assert tampered.action == "retry" and tampered.quarantine
     plain = judge_verify_before(out(1, "something broke\n", argv=("/usr/bin/bash", "v.sh")))
     assert plain.action == "retry" and plain.quarantine is None
@@ -66,10 +76,15 @@ def test_verify_before() -> None:
 
 def test_reset_failure_quarantines_and_warnings_do_not() -> None:
     """Reset fail tokens or non-zero exit quarantine; warn tokens pass."""
-    failed = judge_reset(web_fail("ai-eval-reset", 1, "APG_RESET_GRADER_DRIFT web/modules/contrib/ai_eval\n"))
+    failed = judge_reset(
+        web_fail("ai-eval-reset", 1, "APG_RESET_GRADER_DRIFT web/modules/contrib/ai_eval\n")
+    )
     assert failed.action == "retry" and "APG_RESET_GRADER_DRIFT" in (failed.quarantine or "")
     assert judge_reset(web_fail("ai-eval-reset", 2)).quarantine
-    assert judge_reset(out(0, "APG_RESET_CODE_DRIFT a\nAPG_RESET_FILES_UNRECORDED\n")).action == "continue"
+    assert (
+        judge_reset(out(0, "APG_RESET_CODE_DRIFT a\nAPG_RESET_FILES_UNRECORDED\n")).action
+        == "continue"
+    )
     timed = judge_reset(out(None, timed_out=True))
     assert timed.action == "retry" and timed.quarantine
     assert judge_reset(out(None, transport_error="link down")).quarantine is None
@@ -77,29 +92,41 @@ def test_reset_failure_quarantines_and_warnings_do_not() -> None:
 
 def test_run_agent_failure_continues_infra_retries() -> None:
     """Agent failures go on to grading; adapter start failures retry; config tokens quarantine."""
-    agent = judge_run(web_fail("ai-eval-run", 1, "APG_CLAUDE_TIMEOUT after 3600s\n"), run_recorded=True)
+    agent = judge_run(
+        web_fail("ai-eval-run", 1, "APG_CLAUDE_TIMEOUT after 3600s\n"), run_recorded=True
+    )
     assert agent.action == "continue" and agent.agent_failed
     silent = judge_run(web_fail("ai-eval-run", 1), run_recorded=True)
     assert silent.action == "continue" and silent.agent_failed
     before = judge_run(web_fail("ai-eval-run", 1), run_recorded=False)
     assert before.action == "retry"
-    install = judge_run(web_fail("ai-eval-run", 1, "APG_CLAUDE_INSTALL_FAILED npm\n"), run_recorded=True)
+    install = judge_run(
+        web_fail("ai-eval-run", 1, "APG_CLAUDE_INSTALL_FAILED npm\n"), run_recorded=True
+    )
     assert install.action == "retry" and install.quarantine is None
-    cred = judge_run(web_fail("ai-eval-run", 1, "APG_RUN_CRED_REFUSED .ddev/.env\n"), run_recorded=False)
+    cred = judge_run(
+        web_fail("ai-eval-run", 1, "APG_RUN_CRED_REFUSED .ddev/.env\n"), run_recorded=False
+    )
     assert cred.action == "retry" and cred.quarantine
     assert judge_run(out(0), run_recorded=False).action == "retry"
     leaked = judge_run(web_fail("ai-eval-run", 1, "APG_CLAUDE_TOKEN_LEAKED x\n"), run_recorded=True)
     assert leaked.action == "continue" and leaked.quarantine
     assert judge_run(out(None, timed_out=True), run_recorded=False).action == "retry"
-    unknown = judge_run(out(1, 'Error: unknown command "ai-eval-run" for "ddev"\n'), run_recorded=False)
+    unknown = judge_run(
+        out(1, 'Error: unknown command "ai-eval-run" for "ddev"\n'), run_recorded=False
+    )
     assert unknown.action == "retry" and unknown.quarantine
 
 
 def test_verify_after_is_tampered_on_any_failure() -> None:
     """Judging-code changes are TAMPERED and quarantine; other failures are TAMPERED only."""
-    code = judge_verify_after(out(1, "APG_TAMPERED web/a.php changed\n", argv=("/usr/bin/bash", "v")))
+    code = judge_verify_after(
+        out(1, "APG_TAMPERED web/a.php changed\n", argv=("/usr/bin/bash", "v"))
+    )
     assert code.outcome == Outcome.TAMPERED and code.quarantine
-    files = judge_verify_after(out(1, "APG_ESCROW_MISMATCH baseline.sql\n", argv=("/usr/bin/bash", "v")))
+    files = judge_verify_after(
+        out(1, "APG_ESCROW_MISMATCH baseline.sql\n", argv=("/usr/bin/bash", "v"))
+    )
     assert files.outcome == Outcome.TAMPERED and files.quarantine is None
     assert judge_verify_after(out(None, transport_error="x")).action == "retry"
 
@@ -112,10 +139,15 @@ def test_verify_after_is_tampered_on_any_failure() -> None:
         ("APG_GRADE_RUN_INVALID no attempt\n", 1, True, Outcome.NO_ATTEMPT),
     ],
 )
-def test_grade_refusals(stderr_lines: str, status: int, agent_failed: bool, expected: Outcome) -> None:
+def test_grade_refusals(
+    stderr_lines: str, status: int, agent_failed: bool, expected: Outcome
+) -> None:
     """Skip, refused run record: final outcomes, never a retry."""
     verdict = judge_grade(
-        web_fail("ai-eval-grade", status, stderr_lines), grade=None, envelope_problem=None, agent_failed=agent_failed
+        web_fail("ai-eval-grade", status, stderr_lines),
+        grade=None,
+        envelope_problem=None,
+        agent_failed=agent_failed,
     )
     assert verdict.outcome == expected
 
@@ -123,14 +155,31 @@ def test_grade_refusals(stderr_lines: str, status: int, agent_failed: bool, expe
 def test_grade_verdicts_from_a_real_envelope() -> None:
     """A valid envelope gives PASSED at max score, FAILED below, NO_ATTEMPT below after an agent failure."""
     raw = Path(__file__).with_name("recorded").joinpath("grade_example.json").read_bytes()
-    grade = read_grade(raw, truncated=False, task="dv01_view_build", model="anthropic/claude-sonnet-5-5", run_id=None)
+    grade = read_grade(
+        raw,
+        truncated=False,
+        task="dv01_view_build",
+        model="anthropic/claude-sonnet-5-5",
+        run_id=None,
+    )
     ok = out(0, "APG_GRADE_NOT_STORED importer unavailable\n")
-    assert judge_grade(ok, grade=grade, envelope_problem=None, agent_failed=False).outcome == Outcome.PASSED
+    assert (
+        judge_grade(ok, grade=grade, envelope_problem=None, agent_failed=False).outcome
+        == Outcome.PASSED
+    )
     failing = raw.replace(b'"score": 5.0', b'"score": 0.0')
     low = read_grade(failing, truncated=False, task="dv01_view_build", model=None, run_id=None)
-    assert judge_grade(ok, grade=low, envelope_problem=None, agent_failed=False).outcome == Outcome.FAILED
-    assert judge_grade(ok, grade=low, envelope_problem=None, agent_failed=True).outcome == Outcome.NO_ATTEMPT
+    assert (
+        judge_grade(ok, grade=low, envelope_problem=None, agent_failed=False).outcome
+        == Outcome.FAILED
+    )
+    assert (
+        judge_grade(ok, grade=low, envelope_problem=None, agent_failed=True).outcome
+        == Outcome.NO_ATTEMPT
+    )
     bad = judge_grade(ok, grade=None, envelope_problem="schema: x", agent_failed=False)
     assert bad.outcome == Outcome.INVALID
-    could_not = judge_grade(web_fail("ai-eval-grade", 2), grade=None, envelope_problem=None, agent_failed=False)
+    could_not = judge_grade(
+        web_fail("ai-eval-grade", 2), grade=None, envelope_problem=None, agent_failed=False
+    )
     assert could_not.action == "retry"

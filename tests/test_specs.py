@@ -9,7 +9,12 @@ import pytest
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import load_sweep, parse_sweep
 
-GOOD = {"name": "s1", "tasks": ["dv01_view_build"], "models": ["anthropic/claude-sonnet-5-5"], "trials": 2}
+GOOD = {
+    "name": "s1",
+    "tasks": ["dv01_view_build"],
+    "models": ["anthropic/claude-sonnet-5-5"],
+    "trials": 2,
+}
 
 
 def test_minimal_sweep_gets_defaults() -> None:

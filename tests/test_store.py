@@ -20,7 +20,9 @@ from scheduler.submit import submit
 
 def _bed(store: Store, name: str, pool: str = "canvas_home,kb_docs") -> int:
     with store.session() as session:
-        bed = Bed(name=name, approot="/tmp/x", ddev="ddev", fixtures=pool.split(","), pool=pool, env={})
+        bed = Bed(
+            name=name, approot="/tmp/x", ddev="ddev", fixtures=pool.split(","), pool=pool, env={}
+        )
         session.add(bed)
         session.flush()
         return bed.id

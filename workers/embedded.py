@@ -57,7 +57,9 @@ class EmbeddedExecutor:
             pool = session.scalar(select(Sweep.pool).where(Sweep.id == self.sweep_id))
             return list(
                 session.scalars(
-                    select(Bed.name).where(Bed.pool == pool, Bed.state == BedState.ACTIVE).order_by(Bed.name)
+                    select(Bed.name)
+                    .where(Bed.pool == pool, Bed.state == BedState.ACTIVE)
+                    .order_by(Bed.name)
                 )
             )
 
@@ -66,7 +68,9 @@ class EmbeddedExecutor:
         requeue_expired(self.store)
         worker = f"embedded@{socket.gethostname()}:{os.getpid()}"
         threads = [
-            threading.Thread(target=self._bed_loop, args=(name, worker), name=f"bed-{name}", daemon=True)
+            threading.Thread(
+                target=self._bed_loop, args=(name, worker), name=f"bed-{name}", daemon=True
+            )
             for name in self.beds()
         ]
         for thread in threads:
@@ -99,7 +103,7 @@ class EmbeddedExecutor:
                 # Nothing this bed may take now: attempts are running elsewhere and may come back.
                 requeue_expired(self.store)
                 self._stop.wait(IDLE_POLL_SECONDS)
-        except Exception as error:  # noqa: BLE001 - one bed's crash must not stop the others
+        except Exception as error:
             with self._lock:
                 self.result.errors.append(f"bed {bed_name}: {type(error).__name__}: {error}")
 
@@ -109,8 +113,11 @@ class EmbeddedExecutor:
 
     def _remaining(self) -> int:
         with self.store.session() as session:
-            return session.scalar(
-                select(func.count())
-                .select_from(Attempt)
-                .where(Attempt.sweep_id == self.sweep_id, Attempt.state != AttemptState.DONE)
-            ) or 0
+            return (
+                session.scalar(
+                    select(func.count())
+                    .select_from(Attempt)
+                    .where(Attempt.sweep_id == self.sweep_id, Attempt.state != AttemptState.DONE)
+                )
+                or 0
+            )

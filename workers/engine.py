@@ -7,10 +7,11 @@ the Celery task both call this; neither adds policy of its own.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
 from sqlalchemy import select
@@ -29,8 +30,15 @@ from apg_farm.defaults import (
 )
 from apg_farm.envelope import EnvelopeError, Grade, read_grade
 from apg_farm.errors import FarmError
-from apg_farm.outcomes import Outcome, Verdict, judge_grade, judge_reset, judge_run
-from apg_farm.outcomes import judge_verify_after, judge_verify_before
+from apg_farm.outcomes import (
+    Outcome,
+    Verdict,
+    judge_grade,
+    judge_reset,
+    judge_run,
+    judge_verify_after,
+    judge_verify_before,
+)
 from apg_farm.store import (
     Attempt,
     AttemptState,
@@ -136,7 +144,7 @@ class _Lease:
                 if not renew_lease(self.store, self.claim, lease_seconds=self.seconds):
                     self.lost = True
                     return
-            except Exception:  # noqa: BLE001 - a failed renewal is retried; the lease has slack
+            except Exception:
                 continue
 
 
@@ -349,8 +357,6 @@ class _Attempt:
         return judge_run(output, run_recorded=found.run_id is not None)
 
     def _read_run_json(self, runs: str, run_id: str) -> dict[str, object] | None:
-        import json
-
         data = self.engine.transport.read_file(f"{runs}/{run_id}/run.json", limit=RUN_JSON_LIMIT)
         if data is None:
             return None
@@ -395,11 +401,8 @@ class _Attempt:
             raise _Cancelled
 
     def _record(
-        self, name: str, result: CommandResult, output: PhaseOutput, started: object
+        self, name: str, result: CommandResult, output: PhaseOutput, started: datetime
     ) -> None:
-        from datetime import datetime
-
-        assert isinstance(started, datetime)
         with self.engine.store.session() as session:
             session.add(
                 Phase(

@@ -36,7 +36,9 @@ app.add_typer(sweep_app, name="sweep")
 def _split(value: str, field: str) -> tuple[str, ...]:
     items = tuple(v.strip() for v in value.split(",") if v.strip())
     if not items:
-        raise BadInput("empty list", field=field, fix="give comma-separated names, e.g. kb_docs,canvas_home")
+        raise BadInput(
+            "empty list", field=field, fix="give comma-separated names, e.g. kb_docs,canvas_home"
+        )
     return items
 
 
@@ -55,12 +57,16 @@ def bed_add(
     name: Annotated[str, typer.Argument(help="A name for the bed, unique in the farm.")],
     approot: Annotated[Path, typer.Option("--approot", help="The bed's DDEV project folder.")],
     ddev: Annotated[str, typer.Option("--ddev", help="The ddev executable.")] = "ddev",
-    fixtures: Annotated[str, typer.Option("--fixtures", help="The bed's fixture set.")] = "kb_docs,canvas_home",
+    fixtures: Annotated[
+        str, typer.Option("--fixtures", help="The bed's fixture set.")
+    ] = "kb_docs,canvas_home",
     escrow_set: Annotated[
-        Path | None, typer.Option("--escrow-set", help="The escrow set `ddev ai-eval-escrow` printed.")
+        Path | None,
+        typer.Option("--escrow-set", help="The escrow set `ddev ai-eval-escrow` printed."),
     ] = None,
     env: Annotated[
-        list[str] | None, typer.Option("--env", help="NAME=VALUE given to every bed command (no secrets).")
+        list[str] | None,
+        typer.Option("--env", help="NAME=VALUE given to every bed command (no secrets)."),
     ] = None,
 ) -> None:
     """Enrol a local bed."""
@@ -111,8 +117,14 @@ def bed_list(
     for b in beds:
         style = "red" if b.state == BedState.QUARANTINED else ""
         verifier = "escrow (trusted)" if b.escrow_set else "[yellow]ddev wrapper (untrusted)[/]"
-        table.add_row(b.name, b.pool, f"[{style}]{b.state}[/]" if style else b.state, b.state_reason or "",
-                      b.approot, verifier)
+        table.add_row(
+            b.name,
+            b.pool,
+            f"[{style}]{b.state}[/]" if style else b.state,
+            b.state_reason or "",
+            b.approot,
+            verifier,
+        )
     out.print(table)
 
 
@@ -200,7 +212,9 @@ def report_cmd(
 def demo_cmd(
     beds: Annotated[int, typer.Option(min=1, max=64, help="Simulated beds.")] = 4,
     trials: Annotated[int, typer.Option(min=1, max=1000, help="Trials per (task, model).")] = 10,
-    time_scale: Annotated[float, typer.Option(min=1, help="Divide real bed timings by this.")] = 400,
+    time_scale: Annotated[
+        float, typer.Option(min=1, help="Divide real bed timings by this.")
+    ] = 400,
     faults: Annotated[bool, typer.Option(help="Inject faults on some beds.")] = False,
 ) -> None:
     """Run a sweep of 2 models x 3 tasks on simulated beds, embedded, and print the results."""
@@ -227,6 +241,8 @@ def main() -> None:
         err.print("aborted")
         sys.exit(1)
     except KeyboardInterrupt:
-        err.print("interrupted: running attempts keep their lease and return to the queue if abandoned")
+        err.print(
+            "interrupted: running attempts keep their lease and return to the queue if abandoned"
+        )
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)

@@ -46,7 +46,16 @@ def report_table(report: dict[str, Any]) -> Table:
             *_rate(cell),
             *(
                 str(cell[k])
-                for k in ("passed", "failed", "no_attempt", "tampered", "skipped", "invalid", "error", "pending")
+                for k in (
+                    "passed",
+                    "failed",
+                    "no_attempt",
+                    "tampered",
+                    "skipped",
+                    "invalid",
+                    "error",
+                    "pending",
+                )
             ),
         )
     outcomes = ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()) or "none"

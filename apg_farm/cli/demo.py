@@ -55,7 +55,12 @@ def prepare_demo_beds(
         if faults and index < len(DEMO_FAULTS):
             simbed.write_faults(approot, DEMO_FAULTS[index][1])
         row = validate_new_bed(
-            NewBed(name=name, approot=approot, ddev=str(ddev), env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),))
+            NewBed(
+                name=name,
+                approot=approot,
+                ddev=str(ddev),
+                env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
+            )
         )
         maintenance.provision(row)
         row.escrow_set = maintenance.escrow(row)

@@ -17,7 +17,9 @@ from workers.engine import AttemptReport
 
 def _done_count(store: Store, sweep_id: int) -> tuple[int, int]:
     with store.session() as session:
-        total = session.scalar(select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id))
+        total = session.scalar(
+            select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id)
+        )
         done = session.scalar(
             select(func.count())
             .select_from(Attempt)
@@ -43,7 +45,9 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
         def on_report(report: AttemptReport) -> None:
             finished, _ = _done_count(store, sweep_id)
             label = report.outcome or f"retry ({report.verdict.reason[:60]})"
-            progress.update(bar, completed=finished, last=f"{report.claim.task} {report.claim.model}: {label}")
+            progress.update(
+                bar, completed=finished, last=f"{report.claim.task} {report.claim.model}: {label}"
+            )
 
         executor = EmbeddedExecutor(store, sweep_id, on_report=on_report)
         if not executor.beds():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apg_farm.store.db import Store, normalize_url
+from apg_farm.store.db import Store, normalize_url, rowcount
 from apg_farm.store.models import (
     Attempt,
     AttemptState,
@@ -30,5 +30,6 @@ __all__ = [
     "Sweep",
     "SweepState",
     "normalize_url",
+    "rowcount",
     "utcnow",
 ]

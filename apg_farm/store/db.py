@@ -6,13 +6,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -88,7 +88,9 @@ class Store:
                 current = MigrationContext.configure(connection).get_current_revision()
                 config = _alembic_config(connection)
                 script = ScriptDirectory.from_config(config)
-                if current is not None and current not in {r.revision for r in script.walk_revisions()}:
+                if current is not None and current not in {
+                    r.revision for r in script.walk_revisions()
+                }:
                     raise StoreError(
                         f"the database is at schema {current}, which this apg-farm does not know",
                         fix="upgrade apg-farm, or point APG_FARM_DATABASE_URL at another database",
@@ -113,3 +115,8 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def rowcount(result: Result[Any]) -> int:
+    """Rows an UPDATE matched: how a conditional claim learns whether it won."""
+    return int(cast(CursorResult[Any], result).rowcount)

@@ -67,7 +67,9 @@ class BedState(StrEnum):
     """Whether a bed takes attempts."""
 
     ACTIVE = "active"  #: takes attempts from its pool
-    QUARANTINED = "quarantined"  #: failed a reset, was tampered with, or kept failing: a human must look
+    QUARANTINED = (
+        "quarantined"  #: failed a reset, was tampered with, or kept failing: a human must look
+    )
     DRAINING = "draining"  #: finishes what it holds, takes nothing new
     REMOVED = "removed"  #: gone from the pool; kept for the history of its executions
 
@@ -84,7 +86,9 @@ class SweepState(StrEnum):
     """Whether a sweep still runs."""
 
     OPEN = "open"  #: attempts are taken
-    CANCELLED = "cancelled"  #: queued attempts were cancelled; running ones stop at their next phase
+    CANCELLED = (
+        "cancelled"  #: queued attempts were cancelled; running ones stop at their next phase
+    )
 
 
 NAMING = {

@@ -1,0 +1,143 @@
+"""The `apg-farm` command as a user runs it: real processes, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from apg_farm.store import Execution, Store
+
+CLI = [sys.executable, "-m", "apg_farm"]
+
+
+def farm(
+    home: Path, *args: str, check: int | None = 0, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
+    env.update({"APG_FARM_HOME": str(home), **(extra_env or {})})
+    done = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert "Traceback" not in done.stderr, done.stderr
+    if check is not None:
+        assert done.returncode == check, f"rc={done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def test_demo_runs_and_report_agrees_with_the_store(tmp_path: Path) -> None:
+    """`apg-farm demo` runs 2 models x 3 tasks on 4 beds; `report --format json` matches the executions."""
+    home = tmp_path / "home"
+    done = farm(home, "demo", "--trials", "3", "--time-scale", "2000")
+    assert "dv01_view_build" in done.stdout and "pass rate" in done.stdout
+    name = done.stdout.split("apg-farm report ")[-1].split()[0]
+    report = json.loads(farm(home, "report", name, "--format", "json").stdout)
+    assert set(report) == {"sweep", "outcomes", "cells"}
+    assert report["sweep"]["attempts"] == 18 and len(report["cells"]) == 6
+    store = Store(f"sqlite:///{home / 'farm.db'}")
+    with store.session() as session:
+        results = [e.result for e in session.scalars(select(Execution))]
+    assert sum(report["outcomes"].values()) == 18
+    assert report["outcomes"] == {k: results.count(k) for k in set(results)}
+    for cell in report["cells"]:
+        assert cell["n"] == cell["passed"] + cell["failed"] + cell["no_attempt"] + cell["tampered"]
+        assert cell["ci_low"] <= cell["pass_rate"] <= cell["ci_high"]
+    by_id = farm(home, "report", str(report["sweep"]["id"]), "--format", "json").stdout
+    assert json.loads(by_id) == report
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["bed", "add", "b1", "--approot", "/does/not/exist"], "--approot"),
+        (["report", "nope"], "no sweep 'nope'"),
+        (["sweep", "submit", "/no/such.yaml"], "no such file"),
+        (["report", "x", "--format", "xml"], "--format"),
+        (["bed", "release", "ghost"], "no bed named"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """Bad input: exit 2, one clear line naming what to fix, no traceback."""
+    done = farm(tmp_path / "home", *args, check=2)
+    assert needle in done.stderr
+
+
+def test_bed_add_refuses_unsafe_and_misplaced_things(tmp_path: Path) -> None:
+    """A path with shell characters, a credential-shaped env name and an escrow inside the project are refused."""
+    home = tmp_path / "home"
+    weird = tmp_path / "bed; rm -rf"
+    weird.mkdir()
+    assert (
+        "--approot"
+        in farm(
+            home, "bed", "add", "b1", "--approot", str(weird), "--ddev", "/bin/true", check=2
+        ).stderr
+    )
+    ok = tmp_path / "bed"
+    (ok / "escrow").mkdir(parents=True)
+    (ok / "escrow" / "escrow-verify.sh").write_text("#!/bin/bash\n")
+    inside = farm(
+        home,
+        "bed",
+        "add",
+        "b1",
+        "--approot",
+        str(ok),
+        "--ddev",
+        "/bin/true",
+        "--escrow-set",
+        str(ok / "escrow"),
+        check=2,
+    )
+    assert "inside the bed's project" in inside.stderr
+    secret = farm(
+        home,
+        "bed",
+        "add",
+        "b1",
+        "--approot",
+        str(ok),
+        "--ddev",
+        "/bin/true",
+        "--env",
+        "ANTHROPIC_API_KEY=x",
+        check=2,
+    )
+    assert (
+        "ANTHROPIC_API_KEY" in secret.stderr
+        and "x" not in secret.stderr.split("ANTHROPIC_API_KEY")[-1][:3]
+    )
+    farm(home, "bed", "add", "b1", "--approot", str(ok), "--ddev", "/bin/true")
+    listed = json.loads(farm(home, "bed", "list", "--json").stdout)
+    assert [b["name"] for b in listed] == ["b1"] and listed[0]["escrow_set"] is None
+
+
+def test_sweep_file_errors_and_idempotent_submit(tmp_path: Path) -> None:
+    """A malformed sweep file names the field; a good one submitted twice creates nothing the second time."""
+    home = tmp_path / "home"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: s\ntasks: ['dv01; reboot']\nmodels: [m]\ntrials: 2\ncolour: red\n")
+    done = farm(home, "sweep", "submit", str(bad), check=2)
+    assert "tasks.0" in done.stderr and "colour: unknown key" in done.stderr
+    good = tmp_path / "good.yaml"
+    good.write_text("name: s\ntasks: [dv01_view_build]\nmodels: [m1, m2]\ntrials: 2\n")
+    assert "4 new attempts" in farm(home, "sweep", "submit", str(good)).stdout
+    assert "nothing new" in farm(home, "sweep", "submit", str(good)).stdout
+    status = json.loads(farm(home, "sweep", "status", "s", "--json").stdout)
+    assert status["states"]["queued"] == 4
+    assert "cancelled 4" in farm(home, "sweep", "cancel", "s").stdout
+    report = json.loads(farm(home, "report", "s", "--format", "json").stdout)
+    assert report["outcomes"] == {"CANCELLED": 4}
+
+
+def test_run_without_beds_fails_clearly(tmp_path: Path) -> None:
+    """`apg-farm run` with no bed in the sweep's pool exits 1 and says how to add one."""
+    good = tmp_path / "good.yaml"
+    good.write_text("name: s\ntasks: [dv01_view_build]\nmodels: [m1]\ntrials: 1\n")
+    done = farm(tmp_path / "home", "run", str(good), check=1)
+    assert "bed add" in done.stderr
