@@ -85,6 +85,8 @@ class SweepSpec(BaseModel):
     """Infrastructure failures retried per attempt (each on another bed where one exists)."""
     timeouts: Timeouts = Field(default_factory=Timeouts)
     """Per-phase limits."""
+    diff: bool = True
+    """Keep `ai-eval-diff --run` (what the attempt changed) as evidence, after the verify, before the grade."""
 
     @property
     def pool(self) -> str:

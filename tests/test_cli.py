@@ -141,3 +141,52 @@ def test_run_without_beds_fails_clearly(tmp_path: Path) -> None:
     good.write_text("name: s\ntasks: [dv01_view_build]\nmodels: [m1]\ntrials: 1\n")
     done = farm(tmp_path / "home", "run", str(good), check=1)
     assert "bed add" in done.stderr
+
+
+def test_readme_real_bed_flow(tmp_path: Path) -> None:
+    """The README's steps on simulated beds: provision, escrow, `bed add --escrow-set`, doctor, run, report."""
+    from fixtures import simbed
+
+    home = tmp_path / "home"
+    ddev = simbed.install_ddev(tmp_path / "bin")
+    escrow_dir = tmp_path / "escrow"
+    for name in ("bed-1", "bed-2"):
+        approot = tmp_path / "beds" / name
+        simbed.create_bed(approot, project=name, config={"time_scale": 2000})
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "AI_PG_ESCROW_DIR": str(escrow_dir),
+        }
+        run = {"cwd": approot, "env": env, "capture_output": True, "text": True, "check": True}
+        subprocess.run([str(ddev), "ai-eval-provision", "kb_docs", "canvas_home"], **run)  # type: ignore[call-overload]
+        printed = subprocess.run([str(ddev), "ai-eval-escrow", "kb_docs", "canvas_home"], **run)  # type: ignore[call-overload]
+        escrow_set = printed.stdout.strip().splitlines()[-1]
+        farm(
+            home,
+            "bed",
+            "add",
+            name,
+            "--approot",
+            str(approot),
+            "--ddev",
+            str(ddev),
+            "--fixtures",
+            "kb_docs,canvas_home",
+            "--escrow-set",
+            escrow_set,
+        )
+    doctor = json.loads(farm(home, "bed", "doctor", "bed-1").stdout)
+    assert doctor["healthy"] is True
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        "name: readme\ndataset: droost_build_tasks\ntasks: [dv01_view_build, cv01_canvas_home]\n"
+        "models: [anthropic/claude-sonnet-5-5, openai/gpt-6]\ntrials: 2\n"
+    )
+    done = farm(home, "run", str(sweep))
+    assert "8 new attempts" in done.stdout
+    report = json.loads(farm(home, "report", "readme", "--format", "json").stdout)
+    assert sum(report["outcomes"].values()) == 8
+    assert set(report["outcomes"]) <= {"PASSED", "FAILED"}
+    again = farm(home, "run", str(sweep))
+    assert "nothing new" in again.stdout

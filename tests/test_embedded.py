@@ -241,3 +241,18 @@ def test_cancel_stops_the_sweep(store: Store, tmp_path: Path) -> None:
     assert all(a.state == AttemptState.DONE for a in attempts)
     assert cancelled > 0 and outcomes[Outcome.CANCELLED] >= cancelled
     assert outcomes[Outcome.CANCELLED] < 20
+
+
+def test_diff_evidence_is_kept_per_execution(store: Store, tmp_path: Path) -> None:
+    """Each graded execution keeps the bed's diff report, taken after the verify and before the grade."""
+    make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=2)).sweep_id
+    _run(store, sweep_id)
+    with store.session() as session:
+        names = [
+            [p.name for p in session.scalars(select(Phase).where(Phase.execution_id == e.id).order_by(Phase.id))]
+            for e in session.scalars(select(Execution))
+        ]
+        diffs = session.scalars(select(Phase).where(Phase.name == "diff")).all()
+    assert names == [["verify_before", "reset", "run", "verify_after", "diff", "grade"]] * 2
+    assert all('"changed"' in p.stdout for p in diffs)

@@ -303,6 +303,13 @@ class _Attempt:
         )
         if after.action != "continue":
             return _with_quarantine(after, run_verdict.quarantine)
+        if spec.diff:
+            # Evidence of what the attempt changed, taken on a verified bed; it never decides the outcome.
+            self._phase(
+                "diff",
+                contract.diff(bed.ddev, list(bed.fixtures), run_id=self.run_id),
+                spec.timeouts.grade,
+            )
         argv = contract.grade(
             bed.ddev, claim.task, dataset=spec.dataset, model=claim.model, run_id=self.run_id
         )

@@ -1,0 +1,72 @@
+"""The attempt engine on one bed: lost claims, the bed's environment, verification path."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from apg_farm.claims import requeue_expired
+from apg_farm.outcomes import Outcome
+from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store
+from fixtures import simbed
+from scheduler.submit import submit
+from tests.simbeds import make_beds, spec
+from workers.engine import AttemptEngine
+
+
+def test_a_claim_lost_mid_attempt_is_counted_once(store: Store, tmp_path: Path) -> None:
+    """A bed whose lease expired mid-run records its try as LOST; the attempt has one outcome, from the new holder."""
+    make_beds(store, tmp_path, 2, config={"time_scale": 150})
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    slow = AttemptEngine(store, "bed0", worker="slow")
+    other = AttemptEngine(store, "bed1", worker="other")
+    first = threading.Thread(target=slow.run_next, kwargs={"sweep_id": sweep_id})
+    first.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with store.session() as session:
+            if session.scalar(select(Phase.id).where(Phase.name == "reset")):
+                break
+        time.sleep(0.02)
+    # The lease lapses (a stalled worker, a network partition) and the reconciler takes it back.
+    with store.session() as session:
+        session.execute(update(Attempt).values(lease_expires_at=Attempt.created_at))
+    assert requeue_expired(store) == 1
+    report = other.run_next(sweep_id=sweep_id)
+    first.join(timeout=60)
+    assert report is not None and report.outcome in (Outcome.PASSED, Outcome.FAILED)
+    with store.session() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        results = sorted(
+            (e.worker or "", e.result or "") for e in session.scalars(select(Execution))
+        )
+    assert attempt.state == AttemptState.DONE and attempt.outcome == report.outcome
+    assert results == [("other", str(report.outcome)), ("slow", "LOST")]
+
+
+def test_bed_commands_never_see_farm_settings(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Farm secrets in the worker's environment do not reach any bed command."""
+    monkeypatch.setenv("APG_FARM_DATABASE_URL", "postgresql://farm:hunter2@db/farm")
+    monkeypatch.setenv("APG_FARM_BROKER_URL", "redis://:hunter2@broker:6379/0")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
+    [bed] = make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
+    with store.session() as session:
+        argvs = [p.argv for p in session.scalars(select(Phase))]
+    assert len(argvs) == 6 and not any("hunter2" in " ".join(a) for a in argvs)
+    log = simbed.read_log(Path(bed.approot))
+    commands = {line["command"] for line in log}
+    assert {"ai-eval-reset", "ai-eval-run", "ai-eval-grade"} <= commands
+    for line in log:
+        names = set(line["env"])
+        assert not names & {"APG_FARM_DATABASE_URL", "APG_FARM_BROKER_URL", "AWS_SECRET_ACCESS_KEY"}
+        assert {"NO_COLOR", "AI_PG_NO_IMPORT"} <= names
+    run_env = next(set(line["env"]) for line in log if line["command"] == "ai-eval-run")
+    assert "APG_FARM_ATTEMPT" in run_env
