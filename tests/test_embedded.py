@@ -250,7 +250,12 @@ def test_diff_evidence_is_kept_per_execution(store: Store, tmp_path: Path) -> No
     _run(store, sweep_id)
     with store.session() as session:
         names = [
-            [p.name for p in session.scalars(select(Phase).where(Phase.execution_id == e.id).order_by(Phase.id))]
+            [
+                p.name
+                for p in session.scalars(
+                    select(Phase).where(Phase.execution_id == e.id).order_by(Phase.id)
+                )
+            ]
             for e in session.scalars(select(Execution))
         ]
         diffs = session.scalars(select(Phase).where(Phase.name == "diff")).all()
