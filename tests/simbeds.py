@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from apg_farm import maintenance
-from apg_farm.beds import NewBed, add_bed, get_bed, record_escrow
+from apg_farm.beds import get_bed
+from apg_farm.cli.demo import simulated_bed
 from apg_farm.specs import SweepSpec, Timeouts
 from apg_farm.store import Bed, Store
 from fixtures import simbed
@@ -29,25 +29,16 @@ def make_beds(
     beds = []
     for index in range(count):
         name = f"{prefix}{index}"
-        approot = root / "beds" / name
-        simbed.create_bed(
-            approot,
-            project=name,
+        row = simulated_bed(
+            root,
+            name,
+            ddev=ddev,
             config={"time_scale": TEST_TIME_SCALE, "seed": 11, **(config or {})},
         )
-        bed = add_bed(
-            store,
-            NewBed(
-                name=name,
-                approot=approot,
-                ddev=str(ddev),
-                env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
-            ),
-        )
-        maintenance.provision(bed)
-        record_escrow(store, name, maintenance.escrow(bed))
+        with store.session() as session:
+            session.add(row)
         if faults and index in faults:
-            simbed.write_faults(approot, faults[index])
+            simbed.write_faults(Path(row.approot), faults[index])
         beds.append(get_bed(store, name))
     return beds
 

@@ -118,3 +118,28 @@ def test_claim_prefers_other_beds_for_a_retry(store: Store) -> None:
     assert c1 is not None and c1.attempt_id != first_id
     c2 = claim_next(store, b2, lease_seconds=60, worker="t")
     assert c2 is not None and c2.attempt_id == first_id
+
+
+def test_upgrade_from_the_first_schema_keeps_data(tmp_path: Path) -> None:
+    """A store made by the first release upgrades in place; its rows survive with defaults filled."""
+    from alembic import command
+
+    from apg_farm.store.db import _alembic_config
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0001")
+        conn.exec_driver_sql(
+            "INSERT INTO sweeps (name, spec, spec_sha256, pool, state, created_at) "
+            "VALUES ('old', '{}', 'x', 'p', 'open', '2026-01-01 00:00:00')"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO attempts (sweep_id, task, model, trial, seq, pool, state, infra_failures,"
+            " deliveries, excluded_beds, created_at) VALUES (1, 't', 'm', 1, 0, 'p', 'queued', 0, 0,"
+            " '[]', '2026-01-01 00:00:00')"
+        )
+    store = Store(url)
+    with store.session() as session:
+        attempt = session.scalars(sa.select(Attempt)).one()
+        assert attempt.task == "t" and attempt.dispatches == 0 and attempt.enqueued_at is None

@@ -52,8 +52,7 @@ from apg_farm.store import (
     utcnow,
 )
 from apg_farm.store.models import SweepState
-from apg_farm.transports import CommandResult, Transport
-from apg_farm.transports.local import LocalTransport
+from apg_farm.transports import CommandResult, Transport, transport_for
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
 _CONTAINER_ROOT = "/var/www/html"
@@ -162,7 +161,6 @@ class AttemptEngine:
     ) -> None:
         self.store = store
         self.worker = worker
-        self.transport: Transport = transport or LocalTransport()
         self.lease_seconds = lease_seconds
         with store.session() as session:
             bed = session.scalar(select(Bed).where(Bed.name == bed_name))
@@ -170,6 +168,8 @@ class AttemptEngine:
                 raise FarmError(f"no bed named {bed_name!r}", fix="see `apg-farm bed list`")
             self.bed_id = bed.id
             self.bed_name = bed.name
+            # One transport per bed for its whole life: an SSH connection is reused across attempts.
+            self.transport: Transport = transport or transport_for(bed)
         self._lock = threading.Lock()
 
     def run_next(

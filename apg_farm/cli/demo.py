@@ -50,23 +50,29 @@ def prepare_demo_beds(
     names = []
     for index in range(beds):
         name = f"demo-{index + 1}"
-        approot = root / "beds" / name
-        simbed.create_bed(approot, project=name, config=_bed_config(index, time_scale))
+        row = simulated_bed(root, name, ddev=ddev, config=_bed_config(index, time_scale))
         if faults and index < len(DEMO_FAULTS):
-            simbed.write_faults(approot, DEMO_FAULTS[index][1])
-        row = validate_new_bed(
-            NewBed(
-                name=name,
-                approot=approot,
-                ddev=str(ddev),
-                env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
-            )
-        )
-        maintenance.provision(row)
-        row.escrow_set = maintenance.escrow(row)
+            simbed.write_faults(Path(row.approot), DEMO_FAULTS[index][1])
         _upsert_bed(store, row)
         names.append(name)
     return names
+
+
+def simulated_bed(root: Path, name: str, *, ddev: Path, config: dict[str, Any]) -> Bed:
+    """A simulated bed under root/beds, provisioned and escrowed under root/escrow, not yet stored."""
+    approot = root / "beds" / name
+    simbed.create_bed(approot, project=name, config=config)
+    row = validate_new_bed(
+        NewBed(
+            name=name,
+            approot=approot,
+            ddev=str(ddev),
+            env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
+        )
+    )
+    maintenance.provision(row)
+    row.escrow_set = maintenance.escrow(row)
+    return row
 
 
 def _upsert_bed(store: Store, fresh: Bed) -> None:

@@ -118,7 +118,16 @@ class Bed(Base):
     fixtures: Mapped[list[str]] = mapped_column(JSONText)
     pool: Mapped[str] = mapped_column(String(255), index=True)
     escrow_set: Mapped[str | None] = mapped_column(Text)
+    #: sha256 of every file of the escrow set when it was recorded: a changed set quarantines the bed.
+    escrow_files: Mapped[dict[str, str] | None] = mapped_column(JSONText)
+    escrow_recorded_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     env: Mapped[dict[str, str]] = mapped_column(JSONText, default=dict)
+    ssh_user: Mapped[str | None] = mapped_column(String(100))
+    ssh_port: Mapped[int | None] = mapped_column(Integer)
+    identity_file: Mapped[str | None] = mapped_column(Text)
+    known_hosts: Mapped[str | None] = mapped_column(Text)
+    #: Whatever else a bed carries (last mounts check, inventory source): free-form, JSON.
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
     state: Mapped[str] = mapped_column(String(20), default=BedState.ACTIVE)
     state_reason: Mapped[str | None] = mapped_column(Text)
     consecutive_errors: Mapped[int] = mapped_column(Integer, default=0)
@@ -151,6 +160,10 @@ class Sweep(Base):
     state: Mapped[str] = mapped_column(String(20), default=SweepState.OPEN)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: Set by `apg-farm seal`: a sealed sweep refuses new executions.
+    sealed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    seal_sha256: Mapped[str | None] = mapped_column(String(64))
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
 
 
 class Attempt(Base):
@@ -177,6 +190,9 @@ class Attempt(Base):
     excluded_beds: Mapped[list[int]] = mapped_column(JSONText, default=list)
     bed_id: Mapped[int | None] = mapped_column(ForeignKey("beds.id"))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: When a message for it was last sent to the broker (distributed mode); None in embedded mode.
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    dispatches: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
