@@ -82,6 +82,8 @@ def claim_next(
             select(Attempt, Sweep)
             .join(Sweep, Sweep.id == Attempt.sweep_id)
             .where(Attempt.state == AttemptState.QUEUED, Sweep.state == SweepState.OPEN)
+            # A sealed sweep's evidence is closed: it takes no new executions.
+            .where(Sweep.sealed_at.is_(None))
             .where(Attempt.pool == bed.pool)
             .order_by(Attempt.seq, Attempt.id)
             .limit(_CANDIDATES)
@@ -178,13 +180,29 @@ def renew_lease(store: Store, claim: Claim, *, lease_seconds: float) -> bool:
 
 
 def requeue_expired(store: Store) -> int:
-    """Return attempts whose lease ran out (their bed or worker died) to the queue."""
+    """Return attempts whose lease ran out (their bed or worker died) to the queue.
+
+    Their unfinished execution is closed as LOST, so the history shows the try that was cut short.
+    """
     with store.session() as session:
-        return rowcount(
-            session.execute(
-                update(Attempt)
-                .where(Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < utcnow())
-                .values(state=AttemptState.QUEUED, bed_id=None, lease_expires_at=None)
-                .execution_options(synchronize_session=False)
-            )
+        query = select(Attempt.id).where(
+            Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < utcnow()
         )
+        if not store.is_sqlite:
+            query = query.with_for_update(skip_locked=True)
+        ids = list(session.scalars(query))
+        if not ids:
+            return 0
+        session.execute(
+            update(Attempt)
+            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.RUNNING)
+            .values(state=AttemptState.QUEUED, bed_id=None, lease_expires_at=None, enqueued_at=None)
+            .execution_options(synchronize_session=False)
+        )
+        session.execute(
+            update(Execution)
+            .where(Execution.attempt_id.in_(ids), Execution.result.is_(None))
+            .values(result="LOST", reason="lease expired: the bed or its worker stopped answering")
+            .execution_options(synchronize_session=False)
+        )
+        return len(ids)

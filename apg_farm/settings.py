@@ -22,6 +22,16 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     """Celery broker (Redis); unset means the embedded executor."""
 
+    lease_seconds: float = Field(default=60.0, gt=0)
+    """How long a claim lives without renewal; a dead worker's attempt returns after this."""
+
+    visibility_timeout: float = Field(default=43200.0, gt=0)
+    """Redis visibility timeout (s): above every attempt's hard time limit, so a slow attempt is
+    never redelivered while it runs. Lost messages are found by the reconciler, not by this."""
+
+    reconcile_seconds: float = Field(default=15.0, gt=0)
+    """How often `apg-farm scheduler` reconciles the store with the broker."""
+
     def resolved_database_url(self) -> str:
         """The URL to open: the explicit one, or the embedded SQLite file under home."""
         if self.database_url:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,14 +34,9 @@ def _backends() -> list[object]:
     return params
 
 
-@pytest.fixture(params=_backends())
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """A fresh, migrated store: SQLite in WAL mode, and PostgreSQL in its own schema."""
-    if request.param == "sqlite":
-        s = Store(f"sqlite:///{tmp_path / 'farm.db'}")
-        yield s
-        s.dispose()
-        return
+@contextmanager
+def _postgres_store() -> Iterator[Store]:
+    """A migrated store in a fresh PostgreSQL schema, dropped afterwards."""
     if not PG_URL:
         if IN_CI:
             pytest.fail(
@@ -58,11 +54,32 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
     sep = "&" if "?" in PG_URL else "?"
     s = Store(f"{PG_URL}{sep}options=-csearch_path%3D{schema}")
-    yield s
-    s.dispose()
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-    admin.dispose()
+    try:
+        yield s
+    finally:
+        s.dispose()
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+@pytest.fixture(params=_backends())
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh, migrated store: SQLite in WAL mode, and PostgreSQL in its own schema."""
+    if request.param == "sqlite":
+        s = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+        yield s
+        s.dispose()
+        return
+    with _postgres_store() as s:
+        yield s
+
+
+@pytest.fixture
+def pg_store() -> Iterator[Store]:
+    """PostgreSQL only: what the distributed mode runs on."""
+    with _postgres_store() as s:
+        yield s
 
 
 @pytest.fixture

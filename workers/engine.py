@@ -201,6 +201,10 @@ class AttemptEngine:
                 verdict = Verdict("final", "sweep cancelled", outcome=Outcome.CANCELLED)
             except _LeaseLost:
                 return self._record_lost(claim, attempt)
+            except Exception as error:
+                # Whatever broke inside the farm (a soft time limit, a lost database) is not the
+                # model's doing: record it as an infrastructure failure and let the attempt retry.
+                verdict = Verdict("retry", f"farm error: {type(error).__name__}: {error}")
         return self._finish(claim, attempt, verdict)
 
     def _record_lost(self, claim: Claim, attempt: _Attempt) -> AttemptReport:

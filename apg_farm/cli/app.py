@@ -11,14 +11,19 @@ import typer
 from rich.table import Table
 
 from apg_farm.beds import NewBed, add_bed, get_bed, list_beds, release_bed
+from apg_farm.cli import analysis as analysis_cli
+from apg_farm.cli import distributed
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
+from apg_farm.outcomes import Outcome
+from apg_farm.queues import pool_queue
 from apg_farm.report import find_sweep, sweep_report
 from apg_farm.specs import load_sweep
 from apg_farm.store import BedState
-from scheduler.control import cancel_sweep, sweep_status
+from scheduler.control import cancel_sweep
 from scheduler.submit import submit
+from workers.celery_app import make_app
 
 app = typer.Typer(
     name="apg-farm",
@@ -29,8 +34,11 @@ app = typer.Typer(
 )
 bed_app = typer.Typer(help="Enrol, inspect and release beds.", no_args_is_help=True)
 sweep_app = typer.Typer(help="Submit, watch and cancel sweeps.", no_args_is_help=True)
+db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
+analysis_cli.register(app)
+app.add_typer(db_app, name="db")
 
 
 def _split(value: str, field: str) -> tuple[str, ...]:
@@ -143,32 +151,72 @@ def bed_release(name: str) -> None:
     """Return a quarantined bed to its pool once a human has looked at it."""
     row = release_bed(open_store(), name)
     out.print(f"bed {row.name} is active again")
+    worker = (row.meta or {}).get("worker")
+    if worker and distributed.broker_configured():
+        # Its worker stopped taking attempts when the bed was quarantined: turn that back on.
+        make_app().control.add_consumer(pool_queue(row.pool), destination=[worker])
 
 
 @sweep_app.command("submit")
-def sweep_submit(file: Path) -> None:
-    """Create a sweep's attempts (idempotent: submitting again creates only what is missing)."""
-    result = submit(open_store(), load_sweep(file))
+def sweep_submit(
+    file: Path,
+    wait: Annotated[bool, typer.Option(help="Block until every attempt has an outcome.")] = False,
+) -> None:
+    """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds."""
+    store = open_store()
+    result = submit(store, load_sweep(file))
     out.print(result.describe())
+    if not distributed.broker_configured():
+        if wait:
+            raise BadInput(
+                "--wait needs a broker",
+                field="APG_FARM_BROKER_URL",
+                fix="or use `apg-farm run FILE`",
+            )
+        out.print("no broker configured: run it with `apg-farm run FILE` (embedded)")
+        return
+    out.print(distributed.dispatch(store))
+    if wait and not distributed.wait_for_sweep(store, result.sweep_id):
+        raise typer.Exit(1)
+
+
+@sweep_app.command("retry")
+def sweep_retry(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    only: Annotated[
+        str, typer.Option(help="Outcomes to run again, comma-separated.")
+    ] = "error,invalid",
+) -> None:
+    """Run again the attempts that ended with these outcomes, as new executions (history is kept)."""
+    try:
+        outcomes = {Outcome(name.strip().upper()) for name in only.split(",") if name.strip()}
+    except ValueError:
+        raise BadInput(
+            f"unknown outcome in {only!r}",
+            field="--only",
+            fix=f"use {', '.join(o.lower() for o in Outcome)}",
+        ) from None
+    store = open_store()
+    target = find_sweep(store, sweep)
+    count = distributed.retry_attempts(store, target.id, outcomes)
+    out.print(f"{count} attempts queued again")
+    if distributed.broker_configured():
+        out.print(distributed.dispatch(store))
+    else:
+        out.print(
+            f"run them with `apg-farm run` on the sweep file, or `apg-farm sweep resume {target.name}`"
+        )
 
 
 @sweep_app.command("status")
 def sweep_status_cmd(
     sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    watch: Annotated[bool, typer.Option(help="Redraw until the sweep is done.")] = False,
+    interval: Annotated[float, typer.Option(min=0.5, help="Seconds between redraws.")] = 2.0,
 ) -> None:
-    """Progress of a sweep: attempts by state and outcome, beds in use."""
-    store = open_store()
-    status = sweep_status(store, find_sweep(store, sweep).id)
-    if as_json:
-        print_json(status)
-        return
-    out.print(f"sweep {status['name']} (id {status['id']}): {status['state']}")
-    out.print("  " + ", ".join(f"{k} {v}" for k, v in status["states"].items()))
-    if status["outcomes"]:
-        out.print("  outcomes: " + ", ".join(f"{k} {v}" for k, v in status["outcomes"].items()))
-    for running in status["running"]:
-        out.print(f"  running: {running}")
+    """Progress per model, running attempts per bed with their phase, quarantined beds, ETA."""
+    analysis_cli.status_command(sweep, as_json=as_json, watch=watch, interval=interval)
 
 
 @sweep_app.command("cancel")
@@ -181,12 +229,16 @@ def sweep_cancel(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]
 
 @app.command("run")
 def run_cmd(file: Path) -> None:
-    """Submit a sweep file and run it here with the embedded executor, then print the results."""
+    """Submit a sweep file and run it to the end (embedded, or on the workers when a broker is set)."""
     store = open_store()
     spec = load_sweep(file)
     submission = submit(store, spec)
     out.print(submission.describe())
-    ok = execute_sweep(store, submission.sweep_id)
+    if distributed.broker_configured():
+        out.print(distributed.dispatch(store))
+        ok = distributed.wait_for_sweep(store, submission.sweep_id)
+    else:
+        ok = execute_sweep(store, submission.sweep_id)
     out.print(report_table(sweep_report(store, find_sweep(store, str(submission.sweep_id)))))
     if not ok:
         raise typer.Exit(1)
@@ -195,17 +247,14 @@ def run_cmd(file: Path) -> None:
 @app.command("report")
 def report_cmd(
     sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
-    fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    fmt: Annotated[str, typer.Option("--format", help="table, json, csv or html")] = "table",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file, not stdout.")
+    ] = None,
+    k: Annotated[int | None, typer.Option(help="k of pass@k and pass^k (default 5).")] = None,
 ) -> None:
-    """Per-model, per-task results of a sweep with Wilson 95 % intervals."""
-    if fmt not in ("table", "json"):
-        raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use table or json")
-    store = open_store()
-    report = sweep_report(store, find_sweep(store, sweep))
-    if fmt == "json":
-        print_json(report)
-    else:
-        out.print(report_table(report))
+    """Per-model, per-task results with Wilson 95 % intervals, pass@k and model comparisons."""
+    analysis_cli.report_command(sweep, fmt, output, k)
 
 
 @app.command("demo")
@@ -223,6 +272,26 @@ def demo_cmd(
     ok = run_demo(open_store(), beds=beds, trials=trials, time_scale=time_scale, faults=faults)
     if not ok:
         raise typer.Exit(1)
+
+
+@sweep_app.command("resume")
+def sweep_resume(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]) -> None:
+    """Run what is left of a sweep (after an interruption, a retry or a bed release)."""
+    store = open_store()
+    target = find_sweep(store, sweep)
+    if distributed.broker_configured():
+        out.print(distributed.dispatch(store))
+        ok = distributed.wait_for_sweep(store, target.id)
+    else:
+        ok = execute_sweep(store, target.id)
+    out.print(report_table(sweep_report(store, find_sweep(store, str(target.id)))))
+    if not ok:
+        raise typer.Exit(1)
+
+
+app.command("worker")(distributed.worker_cmd)
+app.command("scheduler")(distributed.scheduler_cmd)
+db_app.command("upgrade")(distributed.db_upgrade_cmd)
 
 
 def main() -> None:

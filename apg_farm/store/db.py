@@ -85,6 +85,9 @@ class Store:
         """Bring the schema to the newest migration; refuse a database made by a newer farm."""
         try:
             with self.engine.begin() as connection:
+                if not self.is_sqlite:
+                    # Many workers may start at once on a new database: one migrates, the rest wait.
+                    connection.exec_driver_sql("SELECT pg_advisory_xact_lock(4242000001)")
                 current = MigrationContext.configure(connection).get_current_revision()
                 config = _alembic_config(connection)
                 script = ScriptDirectory.from_config(config)

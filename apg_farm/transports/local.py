@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import stat
 import subprocess
@@ -48,9 +49,12 @@ class LocalTransport:
         started = time.monotonic()
         if not argv_t:
             return _not_started(argv_t, "empty command line", started)
+        problem = _cannot_start(argv_t[0], cwd, env)
+        if problem:
+            return _not_started(argv_t, problem, started)
         try:
             proc = subprocess.Popen(
-                argv_t,
+                (*_DIE_WITH_PARENT, *argv_t),
                 cwd=cwd,
                 # A copy of exactly what was given: nothing of os.environ leaks to the bed.
                 env=dict(env),
@@ -257,6 +261,29 @@ def _has_live_member(pgid: int) -> bool:
         if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
             return True
     return False
+
+
+#: Bed commands die with the farm process that ran them (setpriv --pdeathsig), so a killed worker
+#: never leaves a bed command running beside the attempt that replaces it.
+_SETPRIV = shutil.which("setpriv")
+_DIE_WITH_PARENT: tuple[str, ...] = (_SETPRIV, "--pdeathsig", "KILL", "--") if _SETPRIV else ()
+
+
+def _cannot_start(executable: str, cwd: str, env: Mapping[str, str]) -> str | None:
+    """Why the command cannot start, checked here because setpriv would hide the OSError."""
+    if not _DIE_WITH_PARENT:
+        return None
+    if not os.path.isdir(cwd):
+        return f"cannot use working directory {cwd!r}: No such file or directory"
+    if "/" in executable:
+        if not os.path.exists(executable):
+            return f"cannot run {executable!r}: No such file or directory"
+        if not (os.path.isfile(executable) and os.access(executable, os.X_OK)):
+            return f"cannot run {executable!r}: Permission denied"
+        return None
+    if shutil.which(executable, path=env.get("PATH", os.defpath)) is None:
+        return f"cannot run {executable!r}: No such file or directory"
+    return None
 
 
 def _spawn_error(exc: OSError, executable: str, cwd: str) -> str:

@@ -1,0 +1,189 @@
+"""Distributed mode commands: workers pinned to beds, the scheduler, dispatch and waiting."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import func, select
+
+from apg_farm.beds import get_bed
+from apg_farm.cli.common import err, open_store, out
+from apg_farm.errors import BadInput
+from apg_farm.outcomes import Outcome
+from apg_farm.queues import bed_queue, pool_queue
+from apg_farm.settings import load_settings
+from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store, Sweep
+from scheduler.reconciler import reconcile
+from workers.celery_app import make_app
+from workers.tasks import WORKER_BED
+
+
+def broker_configured() -> bool:
+    return bool(load_settings().broker_url)
+
+
+def dispatch(store: Store) -> str:
+    """Send every queued attempt that has no message yet (and requeue expired leases)."""
+    settings = load_settings()
+    assert settings.broker_url
+    return reconcile(
+        store, make_app(settings), settings.broker_url, unacked_grace=settings.lease_seconds
+    ).describe()
+
+
+def _progress(store: Store, sweep_id: int) -> tuple[int, int, int]:
+    with store.session() as session:
+        total = session.scalar(
+            select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id)
+        )
+        done = session.scalar(
+            select(func.count())
+            .select_from(Attempt)
+            .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.DONE)
+        )
+        pool = session.scalar(select(Sweep.pool).where(Sweep.id == sweep_id))
+        active = session.scalar(
+            select(func.count())
+            .select_from(Bed)
+            .where(Bed.pool == pool, Bed.state == BedState.ACTIVE)
+        )
+    return done or 0, total or 0, active or 0
+
+
+def wait_for_sweep(store: Store, sweep_id: int) -> bool:
+    """Block with a progress bar until every attempt has an outcome; reconcile while waiting."""
+    settings = load_settings()
+    assert settings.broker_url
+    app = make_app(settings)
+    last_reconcile = time.monotonic()
+    with Progress(
+        TextColumn("[bold]attempts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+    ) as progress:
+        done, total, _ = _progress(store, sweep_id)
+        bar = progress.add_task("attempts", total=total, completed=done)
+        while True:
+            done, total, active = _progress(store, sweep_id)
+            progress.update(bar, completed=done, total=total)
+            if done >= total:
+                return True
+            if active == 0:
+                err.print(
+                    "[red]no active bed in the sweep's pool[/]: release or add beds, then wait again"
+                )
+                return False
+            if time.monotonic() - last_reconcile >= settings.reconcile_seconds:
+                reconcile(store, app, settings.broker_url, unacked_grace=settings.lease_seconds)
+                last_reconcile = time.monotonic()
+            time.sleep(0.5)
+
+
+def worker_cmd(
+    bed: Annotated[str, typer.Option("--bed", help="The bed this worker runs attempts on.")],
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+) -> None:
+    """Start the Celery worker pinned to one bed: its pool's attempts and its own maintenance queue."""
+    settings = load_settings()
+    if not settings.broker_url:
+        raise BadInput(
+            "no broker configured", field="APG_FARM_BROKER_URL", fix="set it to redis://host:6379/0"
+        )
+    store = open_store()
+    row = get_bed(store, bed)
+    if row.state == BedState.REMOVED:
+        raise BadInput(f"bed {bed} was removed", fix="add it again with `apg-farm bed add`")
+    hostname = f"{bed}@{socket.gethostname()}"
+    with store.session() as session:
+        live = session.get_one(Bed, row.id)
+        live.meta = {**(live.meta or {}), "worker": hostname}
+        session.add(BedEvent(bed_id=row.id, kind="worker", detail=f"worker {hostname} started"))
+    store.dispose()
+    queues = [bed_queue(bed)]
+    if row.state == BedState.ACTIVE:
+        queues.insert(0, pool_queue(row.pool))
+    else:
+        err.print(
+            f"[yellow]bed {bed} is {row.state}[/]: taking maintenance only until `apg-farm bed release`"
+        )
+    os.environ[WORKER_BED] = bed
+    make_app(settings).worker_main(
+        [
+            "worker",
+            f"--hostname={hostname}",
+            f"--queues={','.join(queues)}",
+            "--concurrency=1",
+            "--pool=prefork",
+            "--prefetch-multiplier=1",
+            f"--loglevel={loglevel}",
+            "--without-gossip",
+            "--without-mingle",
+            "--task-events",
+        ]
+    )
+
+
+def scheduler_cmd(
+    once: Annotated[bool, typer.Option(help="Reconcile once and exit.")] = False,
+    interval: Annotated[float | None, typer.Option(help="Seconds between passes.")] = None,
+) -> None:
+    """Reconcile the broker with the store in a loop: expired leases, lost or missing messages."""
+    settings = load_settings()
+    if not settings.broker_url:
+        raise BadInput(
+            "no broker configured", field="APG_FARM_BROKER_URL", fix="set it to redis://host:6379/0"
+        )
+    store = open_store()
+    app = make_app(settings)
+    every = interval or settings.reconcile_seconds
+    while True:
+        try:
+            result = reconcile(
+                store, app, settings.broker_url, unacked_grace=settings.lease_seconds
+            )
+            if result.expired or result.resent or once:
+                out.print(result.describe())
+        except Exception as error:
+            err.print(f"[yellow]reconcile failed[/]: {type(error).__name__}: {error}")
+            if once:
+                raise
+        if once:
+            return
+        time.sleep(every)
+
+
+def db_upgrade_cmd() -> None:
+    """Migrate the store to the newest schema (every command also does this on open)."""
+    store = open_store()
+    out.print(f"store at {store.safe_url()} is up to date")
+
+
+def retry_attempts(store: Store, sweep_id: int, outcomes: set[Outcome]) -> int:
+    """Put finished attempts with these outcomes back in the queue; their executions stay as history."""
+    with store.session() as session:
+        rows = list(
+            session.scalars(
+                select(Attempt).where(
+                    Attempt.sweep_id == sweep_id,
+                    Attempt.state == AttemptState.DONE,
+                    Attempt.outcome.in_([o.value for o in outcomes]),
+                )
+            )
+        )
+        for attempt in rows:
+            attempt.reason = f"retry requested after {attempt.outcome}: {attempt.reason}"
+            attempt.state = AttemptState.QUEUED
+            attempt.outcome = None
+            attempt.finished_at = None
+            attempt.infra_failures = 0
+            attempt.deliveries = 0
+            attempt.excluded_beds = []
+            attempt.enqueued_at = None
+        return len(rows)

@@ -1,0 +1,51 @@
+"""Broker queue names and per-attempt time limits, shared by the dispatcher and the workers."""
+
+from __future__ import annotations
+
+import re
+
+from apg_farm.specs import SweepSpec
+
+#: Task names, so the dispatcher can send without importing the worker code.
+RUN_ATTEMPT = "apg_farm.run_attempt"
+BED_MAINTENANCE = "apg_farm.bed_maintenance"
+
+#: Seconds the hard limit leaves above the sum of phase timeouts (claims, writes, a verify retry).
+HARD_LIMIT_MARGIN = 120.0
+#: Seconds between the soft limit (the task is told to stop) and the hard one (it is killed).
+SOFT_LIMIT_GRACE = 60.0
+
+
+def _safe(text: str) -> str:
+    # Queue names end up as Redis keys and in log lines: keep them to a tame alphabet.
+    # No commas: celery -Q takes a comma-separated list, and pool keys are comma-joined fixtures.
+    return re.sub(r"[^A-Za-z0-9._@:+-]", "_", text.replace(",", "+"))
+
+
+def pool_queue(pool: str) -> str:
+    """Attempts of a pool go to one queue, so an idle bed of the pool pulls the next one."""
+    return f"pool.{_safe(pool)}"
+
+
+def bed_queue(bed: str) -> str:
+    """Maintenance of one bed (doctor, escrow, provision) goes to that bed's own worker."""
+    return f"bed.{_safe(bed)}"
+
+
+def attempt_time_limits(spec: SweepSpec) -> tuple[float, float]:
+    """(soft, hard) seconds for one attempt: every phase at its limit, plus a margin."""
+    t = spec.timeouts
+    phases = 2 * t.verify + t.reset + t.run + t.grade + (t.grade if spec.diff else 0.0)
+    hard = phases + HARD_LIMIT_MARGIN
+    return hard - SOFT_LIMIT_GRACE, hard
+
+
+def task_id(attempt_id: int, dispatch: int) -> str:
+    """A message id that names its attempt, so the reconciler can see which attempts have a message."""
+    return f"attempt-{attempt_id}-{dispatch}"
+
+
+def attempt_of(message_id: str) -> int | None:
+    """The attempt a message id names, or None for other messages."""
+    match = re.fullmatch(r"attempt-(\d+)-\d+", message_id)
+    return int(match.group(1)) if match else None

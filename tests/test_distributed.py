@@ -1,0 +1,245 @@
+"""Distributed mode with real parts: redis-server, PostgreSQL, `apg-farm worker` processes, simulated beds."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from apg_farm.publish import publish_attempts
+from apg_farm.queues import pool_queue
+from apg_farm.settings import Settings
+from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store
+from fixtures import simbed
+from scheduler.reconciler import reconcile
+from scheduler.submit import submit
+from tests.services import RedisServer, Workers, redis_server
+from tests.simbeds import make_beds, spec
+from workers.celery_app import make_app
+from workers.embedded import EmbeddedExecutor
+
+LEASE = 3.0
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    with redis_server(tmp_path) as server:
+        yield server
+
+
+def _env(store: Store, redis: RedisServer, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
+    env.update(
+        APG_FARM_HOME=str(home),
+        APG_FARM_DATABASE_URL=store.url,
+        APG_FARM_BROKER_URL=redis.url,
+        APG_FARM_LEASE_SECONDS=str(LEASE),
+    )
+    return env
+
+
+@pytest.fixture
+def farm(
+    pg_store: Store, redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Store, Workers]]:
+    """A PostgreSQL store, a broker, and a way to start workers; everything stopped afterwards."""
+    env = _env(pg_store, redis, tmp_path / "home")
+    for key in (
+        "APG_FARM_DATABASE_URL",
+        "APG_FARM_BROKER_URL",
+        "APG_FARM_LEASE_SECONDS",
+        "APG_FARM_HOME",
+    ):
+        monkeypatch.setenv(key, env[key])
+    workers = Workers(env, tmp_path)
+    yield pg_store, workers
+    workers.stop_all()
+
+
+def _app(redis: RedisServer):  # type: ignore[no-untyped-def]
+    return make_app(Settings(broker_url=redis.url, database_url="sqlite://"))
+
+
+def _wait_done(
+    store: Store, sweep_id: int, redis: RedisServer, workers: Workers, timeout: float = 120
+) -> None:
+    """Reconcile like `apg-farm scheduler` until every attempt is done."""
+    app = _app(redis)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with store.session() as session:
+            left = session.scalar(
+                select(Attempt.id)
+                .where(Attempt.sweep_id == sweep_id, Attempt.state != AttemptState.DONE)
+                .limit(1)
+            )
+        if left is None:
+            return
+        with contextlib.suppress(Exception):  # the broker may be restarting
+            reconcile(store, app, redis.url, unacked_grace=LEASE)
+        time.sleep(0.5)
+    pytest.fail(f"sweep not done in {timeout}s; worker logs:\n{workers.logs()}")
+
+
+def _counts(store: Store, sweep_id: int) -> Counter[tuple[str, str, str]]:
+    with store.session() as session:
+        return Counter(
+            (a.task, a.model, a.outcome or "")
+            for a in session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id))
+        )
+
+
+def _assert_counted_once_and_no_overlap(store: Store, beds: list[Bed]) -> None:
+    with store.session() as session:
+        attempts = list(session.scalars(select(Attempt)))
+        executions = list(session.scalars(select(Execution)))
+    assert all(a.state == AttemptState.DONE and a.outcome for a in attempts)
+    for attempt in attempts:
+        finals = [
+            e for e in executions if e.attempt_id == attempt.id and e.result == attempt.outcome
+        ]
+        assert len(finals) == 1, f"attempt {attempt.id} recorded {len(finals)} times"
+    by_bed: dict[int, list[Execution]] = {}
+    for e in executions:
+        by_bed.setdefault(e.bed_id, []).append(e)
+    for runs in by_bed.values():
+        runs.sort(key=lambda e: e.started_at)
+        for a, b in itertools.pairwise(runs):
+            if a.result != "LOST":  # a killed worker's try has no end of its own
+                assert a.finished_at is not None and a.finished_at <= b.started_at
+    for bed in beds:
+        assert not any(line.get("overlap") for line in simbed.read_log(Path(bed.approot)))
+
+
+def test_distributed_equals_embedded(
+    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    """80 attempts on 4 worker processes give the same outcomes per (task, model) as the embedded mode."""
+    store, workers = farm
+    beds = make_beds(store, tmp_path / "dist", 4)
+    sweep = spec("equal", task_ids=simbed.DEFAULT_TASKS, models=2, trials=10)
+    sweep_id = submit(store, sweep).sweep_id
+    for bed in beds:
+        workers.start(bed.name)
+    assert publish_attempts(store, _app(redis), range(1, 81)) == 80
+    _wait_done(store, sweep_id, redis, workers)
+    _assert_counted_once_and_no_overlap(store, beds)
+
+    embedded = Store(f"sqlite:///{tmp_path / 'embedded.db'}")
+    make_beds(embedded, tmp_path / "emb", 4)
+    local_id = submit(embedded, sweep).sweep_id
+    EmbeddedExecutor(embedded, local_id).run()
+    assert _counts(store, sweep_id) == _counts(embedded, local_id)
+    assert sum(_counts(store, sweep_id).values()) == 80
+
+
+def test_sigkilled_worker_attempt_runs_again_once(
+    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    """SIGKILL a worker mid-attempt: the attempt runs again on a verified, reset bed and counts once."""
+    store, workers = farm
+    beds = make_beds(store, tmp_path, 3, config={"time_scale": 60})
+    sweep_id = submit(store, spec("kill", tasks=1, models=1, trials=3)).sweep_id
+    for bed in beds:
+        workers.start(bed.name)
+    publish_attempts(store, _app(redis), range(1, 4))
+    victim = _wait_for_run_phase(store, deadline=60)
+    workers.kill(victim)
+    _wait_done(store, sweep_id, redis, workers)
+    _assert_counted_once_and_no_overlap(store, beds)
+    with store.session() as session:
+        lost = session.scalars(select(Execution).where(Execution.result == "LOST")).all()
+        assert len(lost) == 1
+        again = session.scalars(
+            select(Execution).where(
+                Execution.attempt_id == lost[0].attempt_id, Execution.id != lost[0].id
+            )
+        ).one()
+        bed = session.get_one(Bed, again.bed_id)
+        phases = [
+            p.name
+            for p in session.scalars(
+                select(Phase).where(Phase.execution_id == again.id).order_by(Phase.id)
+            )
+        ]
+    assert bed.name != victim
+    assert phases[:2] == ["verify_before", "reset"] and phases[-1] == "grade"
+
+
+def _wait_for_run_phase(store: Store, deadline: float) -> str:
+    """The name of a bed that is inside an attempt's run phase right now."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        with store.session() as session:
+            row = session.execute(
+                select(Bed.name)
+                .join(Execution, Execution.bed_id == Bed.id)
+                .join(Phase, Phase.execution_id == Execution.id)
+                .where(Phase.name == "reset", Execution.finished_at.is_(None))
+                .limit(1)
+            ).first()
+        if row:
+            time.sleep(0.2)  # inside the run phase (it lasts seconds at this time scale)
+            return str(row[0])
+        time.sleep(0.05)
+    pytest.fail("no attempt reached its run phase")
+
+
+def test_redis_restart_loses_no_attempt(
+    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    """Restarting redis-server mid-sweep (every message lost) still ends with every attempt done once."""
+    store, workers = farm
+    beds = make_beds(store, tmp_path, 3, config={"time_scale": 400})
+    sweep_id = submit(store, spec("restart", tasks=2, models=2, trials=4)).sweep_id
+    for bed in beds:
+        workers.start(bed.name)
+    publish_attempts(store, _app(redis), range(1, 17))
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        with store.session() as session:
+            done = session.scalars(
+                select(Attempt.id).where(Attempt.state == AttemptState.DONE)
+            ).all()
+        if len(done) >= 3:
+            break
+        time.sleep(0.1)
+    redis.restart()
+    _wait_done(store, sweep_id, redis, workers, timeout=180)
+    _assert_counted_once_and_no_overlap(store, beds)
+    with store.session() as session:
+        assert len(session.scalars(select(Attempt)).all()) == 16
+
+
+def test_duplicate_and_late_messages_do_nothing(
+    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    """Every message sent three times: no bed runs two attempts at once, each counts once; a late one is a no-op."""
+    store, workers = farm
+    beds = make_beds(store, tmp_path, 2)
+    sweep_id = submit(store, spec("dupes", tasks=2, models=2, trials=2)).sweep_id
+    for bed in beds:
+        workers.start(bed.name)
+    app = _app(redis)
+    for _ in range(3):
+        with store.session() as session:
+            session.execute(Attempt.__table__.update().values(state=AttemptState.QUEUED))  # type: ignore[attr-defined]
+        publish_attempts(store, app, range(1, 9))
+    _wait_done(store, sweep_id, redis, workers)
+    _assert_counted_once_and_no_overlap(store, beds)
+    with store.session() as session:
+        before = len(session.scalars(select(Execution)).all())
+        finished = session.scalars(select(Attempt)).first()
+        assert finished is not None
+    # A message for a finished attempt (a redelivery after a visibility timeout, say).
+    app.send_task("apg_farm.run_attempt", args=(finished.id,), queue=pool_queue(finished.pool))
+    time.sleep(3)
+    with store.session() as session:
+        assert len(session.scalars(select(Execution)).all()) == before
