@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 
@@ -47,7 +48,8 @@ def attempts_with_messages(
         for queue in queues:
             raw.extend(client.lrange(queue, 0, -1))
         taken = client.hgetall(UNACKED_KEY)
-        since = dict(client.zrange(UNACKED_INDEX_KEY, 0, -1, withscores=True))
+        scored: list[Any] = list(client.zrange(UNACKED_INDEX_KEY, 0, -1, withscores=True))
+        since = {tag: float(score) for tag, score in scored}
     finally:
         client.close()
     recent = time.time() - unacked_grace

@@ -6,7 +6,10 @@ import os
 import re
 import resource
 import shutil
+import signal
+import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -324,3 +327,32 @@ def test_list_dir(tmp_path: Path) -> None:
     assert transport.list_dir(str(tmp_path / "runs")) == []
     assert transport.list_dir(str(tmp_path / "missing")) is None
     assert transport.list_dir(str(tmp_path / "a")) is None
+
+
+def test_bed_command_dies_with_a_killed_farm_process(tmp_path: Path) -> None:
+    """SIGKILL the process that ran a bed command: the command dies too, never outliving its worker."""
+    pidfile = tmp_path / "pid"
+    runner = textwrap.dedent(
+        f"""
+        from apg_farm.transports.local import LocalTransport
+        LocalTransport().run(
+            ["bash", "-c", "echo $$ > {pidfile}; exec sleep 60"],
+            cwd="{tmp_path}", env={{"PATH": "/usr/bin:/bin"}}, timeout=120,
+            stdout_limit=1024, stderr_limit=1024,
+        )
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", runner], cwd=Path(__file__).resolve().parents[1]
+    )
+    deadline = time.monotonic() + 20
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline, "the bed command never started"
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while alive(child):
+        assert time.monotonic() < deadline, "the bed command outlived the killed farm process"
+        time.sleep(0.05)

@@ -164,7 +164,10 @@ def sweep_submit(
 ) -> None:
     """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds."""
     store = open_store()
-    result = submit(store, load_sweep(file))
+    spec = load_sweep(file)
+    if distributed.broker_configured():
+        distributed.check_limits(spec)
+    result = submit(store, spec)
     out.print(result.describe())
     if not distributed.broker_configured():
         if wait:
@@ -232,6 +235,8 @@ def run_cmd(file: Path) -> None:
     """Submit a sweep file and run it to the end (embedded, or on the workers when a broker is set)."""
     store = open_store()
     spec = load_sweep(file)
+    if distributed.broker_configured():
+        distributed.check_limits(spec)
     submission = submit(store, spec)
     out.print(submission.describe())
     if distributed.broker_configured():

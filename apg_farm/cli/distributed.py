@@ -15,8 +15,9 @@ from apg_farm.beds import get_bed
 from apg_farm.cli.common import err, open_store, out
 from apg_farm.errors import BadInput
 from apg_farm.outcomes import Outcome
-from apg_farm.queues import bed_queue, pool_queue
+from apg_farm.queues import attempt_time_limits, bed_queue, pool_queue
 from apg_farm.settings import load_settings
+from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store, Sweep
 from scheduler.reconciler import reconcile
 from workers.celery_app import make_app
@@ -25,6 +26,20 @@ from workers.tasks import WORKER_BED
 
 def broker_configured() -> bool:
     return bool(load_settings().broker_url)
+
+
+def check_limits(spec: SweepSpec) -> None:
+    """Refuse a sweep whose attempts could outlive the broker's visibility timeout."""
+    settings = load_settings()
+    _, hard = attempt_time_limits(spec)
+    if hard >= settings.visibility_timeout:
+        raise BadInput(
+            f"an attempt may take up to {hard:.0f} s (the sum of the sweep's timeouts), which is not below "
+            f"the broker's visibility timeout ({settings.visibility_timeout:.0f} s): Redis would hand it to "
+            "a second worker while it runs",
+            field="timeouts",
+            fix="lower the sweep's timeouts or raise APG_FARM_VISIBILITY_TIMEOUT on every farm process",
+        )
 
 
 def dispatch(store: Store) -> str:
