@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,40 @@ def test_bed_commands_never_see_farm_settings(
         assert {"NO_COLOR", "AI_PG_NO_IMPORT"} <= names
     run_env = next(set(line["env"]) for line in log if line["command"] == "ai-eval-run")
     assert "APG_FARM_ATTEMPT" in run_env
+
+
+def test_database_connections_killed_mid_attempt_are_survived(
+    pg_store: Store, tmp_path: Path
+) -> None:
+    """PostgreSQL kills the engine's connections again and again mid-attempt: the writes are retried, recorded once."""
+    make_beds(pg_store, tmp_path, 1, config={"time_scale": 100})
+    sweep_id = submit(pg_store, spec(tasks=1, models=1, trials=2)).sweep_id
+    victim_name = f"victim-{uuid.uuid4().hex[:8]}"
+    victim = Store(f"{pg_store.url}&application_name={victim_name}", upgrade=False)
+    engine = AttemptEngine(victim, "bed0", worker="victim")
+    stop = threading.Event()
+
+    def killer() -> None:
+        while not stop.wait(0.15):
+            with pg_store.engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                    (victim_name,),
+                )
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    try:
+        reports = [engine.run_next(sweep_id=sweep_id), engine.run_next(sweep_id=sweep_id)]
+    finally:
+        stop.set()
+        thread.join()
+        victim.dispose()
+    assert all(r is not None and r.outcome in (Outcome.PASSED, Outcome.FAILED) for r in reports)
+    with pg_store.session() as session:
+        attempts = session.scalars(select(Attempt)).all()
+        executions = session.scalars(select(Execution)).all()
+        phases = session.scalars(select(Phase)).all()
+    assert [a.state for a in attempts] == [AttemptState.DONE] * 2
+    assert len(executions) == 2 and all(e.result in ("PASSED", "FAILED") for e in executions)
+    assert len(phases) == 12 and len({(p.execution_id, p.name) for p in phases}) == 12

@@ -16,8 +16,9 @@ from pathlib import PurePosixPath
 
 from sqlalchemy import select
 
-from apg_farm import contract
+from apg_farm import contract, escrow
 from apg_farm.bedenv import bed_environment
+from apg_farm.beds import finish_draining
 from apg_farm.claims import Claim, claim_next, renew_lease
 from apg_farm.contract import PhaseOutput
 from apg_farm.defaults import (
@@ -33,6 +34,7 @@ from apg_farm.errors import FarmError
 from apg_farm.outcomes import (
     Outcome,
     Verdict,
+    judge_escrow_check,
     judge_grade,
     judge_reset,
     judge_run,
@@ -52,7 +54,7 @@ from apg_farm.store import (
     utcnow,
 )
 from apg_farm.store.models import SweepState
-from apg_farm.transports import CommandResult, Transport, transport_for
+from apg_farm.transports import CommandResult, Transport, host_environment, transport_for
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
 _CONTAINER_ROOT = "/var/www/html"
@@ -69,6 +71,8 @@ class BedInfo:
     fixtures: tuple[str, ...]
     escrow_set: str | None
     env: Mapping[str, str]
+    #: sha256 of every file of the escrow set when it was enrolled; None when not recorded.
+    escrow_files: Mapping[str, str] | None = None
 
     @classmethod
     def of(cls, bed: Bed) -> BedInfo:
@@ -80,6 +84,7 @@ class BedInfo:
             tuple(bed.fixtures),
             bed.escrow_set,
             dict(bed.env),
+            escrow_files=dict(bed.escrow_files) if bed.escrow_files else None,
         )
 
     def runs_dir(self) -> str:
@@ -177,13 +182,15 @@ class AttemptEngine:
     ) -> AttemptReport | None:
         """Claim and run one attempt; None when there is nothing this bed may take."""
         with self._lock:
-            claim = claim_next(
-                self.store,
-                self.bed_id,
-                lease_seconds=self.lease_seconds,
-                worker=self.worker,
-                sweep_id=sweep_id,
-                attempt_id=attempt_id,
+            claim = self.store.retrying(
+                lambda: claim_next(
+                    self.store,
+                    self.bed_id,
+                    lease_seconds=self.lease_seconds,
+                    worker=self.worker,
+                    sweep_id=sweep_id,
+                    attempt_id=attempt_id,
+                )
             )
             if claim is None:
                 return None
@@ -200,12 +207,13 @@ class AttemptEngine:
             except _Cancelled:
                 verdict = Verdict("final", "sweep cancelled", outcome=Outcome.CANCELLED)
             except _LeaseLost:
-                return self._record_lost(claim, attempt)
+                return self.store.retrying(lambda: self._record_lost(claim, attempt))
             except Exception as error:
                 # Whatever broke inside the farm (a soft time limit, a lost database) is not the
                 # model's doing: record it as an infrastructure failure and let the attempt retry.
                 verdict = Verdict("retry", f"farm error: {type(error).__name__}: {error}")
-        return self._finish(claim, attempt, verdict)
+        # Every write is safe to repeat, so a database that drops mid-attempt costs a retry, not a record.
+        return self.store.retrying(lambda: self._finish(claim, attempt, verdict))
 
     def _record_lost(self, claim: Claim, attempt: _Attempt) -> AttemptReport:
         verdict = Verdict("retry", "lease expired; the attempt went back to the queue")
@@ -223,6 +231,12 @@ class AttemptEngine:
             )
             execution = session.get_one(Execution, claim.execution_id)
             bed = session.get_one(Bed, self.bed_id)
+            if execution.result is not None:
+                # Recorded by an earlier try whose commit went through before the connection dropped.
+                done = execution.result if execution.result in Outcome.__members__ else None
+                return AttemptReport(
+                    claim, verdict, Outcome(done) if done else None, attempt.run_id
+                )
             attempt.fill(execution, verdict)
             if row is None or row.state != AttemptState.RUNNING or row.bed_id != self.bed_id:
                 # The lease expired and the attempt moved on: keep this try as history only.
@@ -234,6 +248,8 @@ class AttemptEngine:
                 bed.state = BedState.QUARANTINED
                 bed.state_reason = quarantine
                 session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=quarantine))
+            if bed.state == BedState.DRAINING:
+                finish_draining(session, bed)
         return AttemptReport(claim, verdict, outcome, attempt.run_id)
 
 
@@ -280,7 +296,10 @@ class _Attempt:
         self.bed = bed
         self.claim = claim
         self.lease: _Lease | None = None
-        self.env = bed_environment(extra={**bed.env, "APG_FARM_ATTEMPT": claim.label})
+        self.env = bed_environment(
+            base=host_environment(engine.transport),
+            extra={**bed.env, "APG_FARM_ATTEMPT": claim.label},
+        )
         self.run_id: str | None = None
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
@@ -288,6 +307,10 @@ class _Attempt:
 
     def execute(self) -> Verdict:
         spec, bed, claim = self.claim.spec, self.bed, self.claim
+        if bed.escrow_set and bed.escrow_files:
+            verdict = self._check_escrow()
+            if verdict.action != "continue":
+                return verdict
         verdict = judge_verify_before(
             self._phase("verify_before", self._verify(restore=True), spec.timeouts.verify)
         )
@@ -341,6 +364,13 @@ class _Attempt:
             agent_failed=run_verdict.agent_failed,
         )
         return _with_quarantine(verdict, run_verdict.quarantine)
+
+    def _check_escrow(self) -> Verdict:
+        """The escrow set's files against the hashes recorded at enrolment: one command on the host."""
+        assert self.bed.escrow_set is not None and self.bed.escrow_files is not None
+        argv = escrow.hash_argv(self.bed.escrow_set)
+        output, result = self._phase_result("escrow_check", argv, self.claim.spec.timeouts.verify)
+        return judge_escrow_check(output, changes=escrow.changes_in(self.bed.escrow_files, result))
 
     def _verify(self, *, restore: bool) -> tuple[str, ...]:
         if self.bed.escrow_set:
@@ -400,21 +430,35 @@ class _Attempt:
         )
         output = contract.read_output(result)
         self.bed_seconds += result.duration
-        self._record(name, result, output, started)
+        self.engine.store.retrying(lambda: self._record(name, result, output, started))
         return output, result
 
     def _check_boundary(self) -> None:
         if self.lease is not None and self.lease.lost:
             raise _LeaseLost
-        with self.engine.store.session() as session:
-            state = session.scalar(select(Sweep.state).where(Sweep.id == self.claim.sweep_id))
-        if state == SweepState.CANCELLED:
+        if self._sweep_state() == SweepState.CANCELLED:
             raise _Cancelled
+
+    def _sweep_state(self) -> str | None:
+        def read() -> str | None:
+            with self.engine.store.session() as session:
+                return session.scalar(select(Sweep.state).where(Sweep.id == self.claim.sweep_id))
+
+        return self.engine.store.retrying(read)
 
     def _record(
         self, name: str, result: CommandResult, output: PhaseOutput, started: datetime
     ) -> None:
         with self.engine.store.session() as session:
+            already = session.scalar(
+                select(Phase.id).where(
+                    Phase.execution_id == self.claim.execution_id,
+                    Phase.name == name,
+                    Phase.started_at == started,
+                )
+            )
+            if already is not None:
+                return
             session.add(
                 Phase(
                     execution_id=self.claim.execution_id,

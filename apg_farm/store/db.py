@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from alembic import command
 from alembic.config import Config
@@ -14,10 +15,12 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from apg_farm.errors import BadInput, StoreError
+
+T = TypeVar("T")
 
 
 def normalize_url(url: str) -> str:
@@ -116,8 +119,33 @@ class Store:
         with self._sessions.begin() as session:
             yield session
 
+    def retrying(self, work: Callable[[], T], *, tries: int = 6) -> T:
+        """Run `work` (one or more whole transactions) again when the database connection drops.
+
+        `work` must be safe to repeat: the engine's writes check what is already recorded first.
+        """
+        delay = 0.25
+        for attempt in range(1, tries + 1):
+            try:
+                return work()
+            except (OperationalError, InterfaceError) as error:
+                if attempt == tries or not _is_disconnect(error):
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _is_disconnect(error: DBAPIError) -> bool:
+    # SQLite's "database is locked" is handled by its busy timeout, not here.
+    return (
+        bool(error.connection_invalidated)
+        or "server closed the connection" in str(error)
+        or ("terminating connection" in str(error))
+    )
 
 
 def rowcount(result: Result[Any]) -> int:
