@@ -243,3 +243,24 @@ def test_duplicate_and_late_messages_do_nothing(
     time.sleep(3)
     with store.session() as session:
         assert len(session.scalars(select(Execution)).all()) == before
+
+
+def test_maintenance_goes_to_the_beds_own_worker(
+    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    """`bed doctor --via-worker` reaches the bed's worker through `bed.<name>` and prints its verdict."""
+    import subprocess
+    import sys
+
+    store, workers = farm
+    make_beds(store, tmp_path, 2)
+    workers.start("bed1")
+    done = subprocess.run(
+        [sys.executable, "-m", "apg_farm", "bed", "doctor", "bed1", "--via-worker"],
+        env=workers.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("healthy")

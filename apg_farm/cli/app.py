@@ -137,9 +137,23 @@ def bed_list(
 
 
 @bed_app.command("doctor")
-def bed_doctor_cmd(name: str) -> None:
+def bed_doctor_cmd(
+    name: str,
+    via_worker: Annotated[
+        bool,
+        typer.Option(
+            help="Ask the bed's worker (its `bed.NAME` queue) instead of running it here."
+        ),
+    ] = False,
+) -> None:
     """Run `ddev ai-eval-doctor` on the bed and show its verdict."""
     store = open_store()
+    if via_worker:
+        event = distributed.maintenance_via_worker(store, get_bed(store, name), "doctor")
+        out.print(event)
+        if not event.startswith("healthy"):
+            raise typer.Exit(1)
+        return
     healthy, verdict = bed_doctor(store, get_bed(store, name))
     print_json(verdict)
     if not healthy:

@@ -13,12 +13,12 @@ from sqlalchemy import func, select
 
 from apg_farm.beds import get_bed
 from apg_farm.cli.common import err, open_store, out
-from apg_farm.errors import BadInput
+from apg_farm.errors import BadInput, FarmError
 from apg_farm.outcomes import Outcome
-from apg_farm.queues import attempt_time_limits, bed_queue, pool_queue
+from apg_farm.queues import BED_MAINTENANCE, attempt_time_limits, bed_queue, pool_queue
 from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store, Sweep
+from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store, Sweep, utcnow
 from scheduler.reconciler import reconcile
 from workers.celery_app import make_app
 from workers.tasks import WORKER_BED
@@ -99,6 +99,33 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
                 reconcile(store, app, settings.broker_url, unacked_grace=settings.lease_seconds)
                 last_reconcile = time.monotonic()
             time.sleep(0.5)
+
+
+def maintenance_via_worker(store: Store, bed: Bed, action: str, *, timeout: float = 600) -> str:
+    """Send a maintenance action to the bed's own queue and wait for the event its worker records."""
+    settings = load_settings()
+    if not settings.broker_url:
+        raise BadInput("--via-worker needs a broker", field="APG_FARM_BROKER_URL")
+    since = utcnow()
+    make_app(settings).send_task(
+        BED_MAINTENANCE, args=(bed.name, action), queue=bed_queue(bed.name)
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with store.session() as session:
+            detail = session.scalar(
+                select(BedEvent.detail)
+                .where(BedEvent.bed_id == bed.id, BedEvent.kind == action, BedEvent.at >= since)
+                .order_by(BedEvent.id.desc())
+                .limit(1)
+            )
+        if detail is not None:
+            return detail
+        time.sleep(0.5)
+    raise FarmError(
+        f"no answer from the worker of bed {bed.name} in {timeout:.0f} s",
+        fix=f"start it: apg-farm worker --bed {bed.name}",
+    )
 
 
 def worker_cmd(
