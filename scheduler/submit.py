@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 
 from apg_farm.errors import BadInput
+from apg_farm.seal import refuse_if_sealed
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, Store, Sweep
 from scheduler.plan import expand
@@ -63,6 +64,8 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
         base = session.scalar(select(func.max(Attempt.seq)).where(Attempt.sweep_id == sweep.id))
         offset = 0 if base is None else base + 1
         fresh = [k for k in keys if (k.task, k.model, k.trial) not in existing]
+        if fresh and not new_sweep:
+            refuse_if_sealed(sweep)
         session.add_all(
             Attempt(
                 sweep_id=sweep.id,

@@ -35,7 +35,7 @@ def test_demo_runs_and_report_agrees_with_the_store(tmp_path: Path) -> None:
     assert "dv01_view_build" in done.stdout and "pass rate" in done.stdout
     name = done.stdout.split("apg-farm report ")[-1].split()[0]
     report = json.loads(farm(home, "report", name, "--format", "json").stdout)
-    assert set(report) == {"sweep", "outcomes", "cells"}
+    assert {"sweep", "outcomes", "cells"} <= set(report)
     assert report["sweep"]["attempts"] == 18 and len(report["cells"]) == 6
     store = Store(f"sqlite:///{home / 'farm.db'}")
     with store.session() as session:

@@ -1,0 +1,146 @@
+"""Baselines: a sweep's results promoted to a compact, git-friendly JSON file.
+
+A baseline keeps metrics, counts and provenance (fingerprints, seal), never raw outputs, and the
+tasks marked indispensable with the pass rate each must keep. Its `content_sha256` covers
+everything else in the file, so an edited baseline is noticed by `apg-farm check`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from apg_farm import __version__
+from apg_farm.errors import BadInput, NotFound
+from apg_farm.store import utcnow
+
+FORMAT = "apg-farm-baseline/1"
+
+#: Baseline names become file names: keep them portable.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+#: Keys of an analysis a baseline keeps; phases and beds describe the farm, not the models.
+_KEPT = ("sweep", "k", "outcomes", "cells", "models", "comparisons", "provenance")
+
+
+def content_digest(doc: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of `doc` without its own `content_sha256`."""
+    body = {k: v for k, v in doc.items() if k != "content_sha256"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def parse_indispensable(values: list[str]) -> dict[str, float]:
+    """`TASK` (every counted attempt must pass) or `TASK=MIN_RATE` (a floor in (0, 1])."""
+    gates: dict[str, float] = {}
+    for value in values:
+        task, sep, floor = value.partition("=")
+        task = task.strip()
+        if not task:
+            raise BadInput(f"{value!r} names no task", field="--indispensable")
+        rate = 1.0
+        if sep:
+            try:
+                rate = float(floor)
+            except ValueError:
+                rate = -1.0
+            if not 0.0 < rate <= 1.0:
+                raise BadInput(
+                    f"{value!r}: the minimum pass rate must be a number in (0, 1]",
+                    field="--indispensable",
+                    fix="write TASK or TASK=0.8",
+                )
+        gates[task] = rate
+    return gates
+
+
+def build(
+    analysis: dict[str, Any],
+    *,
+    name: str,
+    indispensable: dict[str, float] | None = None,
+    notes: str | None = None,
+) -> dict[str, Any]:
+    """The baseline document for an analysis (see `apg_farm.analysis.analyse`)."""
+    if not _NAME.match(name):
+        raise BadInput(
+            f"{name!r} is not a usable baseline name",
+            field="--name",
+            fix="use letters, digits, '.', '_' and '-', starting with a letter or digit",
+        )
+    gates = dict(sorted((indispensable or {}).items()))
+    tasks = {c["task"] for c in analysis["cells"]}
+    unknown = sorted(set(gates) - tasks)
+    if unknown:
+        raise BadInput(
+            f"indispensable task(s) {', '.join(unknown)} are not in sweep "
+            f"{analysis['sweep']['name']!r}",
+            field="--indispensable",
+            fix=f"choose among {', '.join(sorted(tasks))}",
+        )
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "name": name,
+        "promoted_at": utcnow().isoformat(timespec="seconds"),
+        "farm_version": __version__,
+        "notes": notes,
+        "indispensable": gates,
+        **{key: analysis[key] for key in _KEPT if key in analysis},
+    }
+    doc["content_sha256"] = content_digest(doc)
+    return doc
+
+
+def write(doc: dict[str, Any], directory: Path, *, replace: bool = False) -> Path:
+    """Write `<directory>/<name>.json`: sorted keys, two-space indent, one trailing newline."""
+    path = directory / f"{doc['name']}.json"
+    if path.exists() and not replace:
+        raise BadInput(
+            f"baseline {path} exists",
+            field="--name",
+            fix="choose another --name, or pass --replace to overwrite it deliberately",
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A baseline read from disk, and whatever about it does not verify."""
+
+    path: Path
+    doc: dict[str, Any]
+    problems: tuple[str, ...]
+
+
+def load(path: Path) -> Loaded:
+    """Read a baseline; a malformed file is bad input, an edited one a problem to report."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NotFound(f"no baseline file {path}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise BadInput(f"{path} is not a readable JSON baseline: {error}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise BadInput(
+            f"{path} is not an apg-farm baseline (format {FORMAT!r})",
+            fix="create one with `apg-farm baseline promote SWEEP --name NAME`",
+        )
+    for key in ("cells", "outcomes", "sweep"):
+        if key not in doc:
+            raise BadInput(f"{path} has no {key!r}: not a complete baseline")
+    problems = []
+    recorded = doc.get("content_sha256")
+    if recorded != content_digest(doc):
+        problems.append(
+            f"baseline {path} does not match its content_sha256 (edited after promotion)"
+        )
+    return Loaded(path, doc, tuple(problems))

@@ -1,0 +1,408 @@
+"""Commands for results: report formats, compare, baseline promote/list, check, seal, verify,
+export, and the live sweep status."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from apg_farm import baseline as baselines
+from apg_farm.analysis import analyse
+from apg_farm.cli.common import err, open_store, out, print_json, report_table
+from apg_farm.compare import Side, compare, load_side
+from apg_farm.errors import BadInput
+from apg_farm.export import export_eee
+from apg_farm.html_report import render_html
+from apg_farm.regression import Policy, check
+from apg_farm.report import find_sweep
+from apg_farm.seal import default_directory, seal, verify
+from apg_farm.watch import render, snapshot
+from scheduler.control import sweep_status
+
+#: Report formats `apg-farm report --format` accepts.
+FORMATS = ("table", "json", "csv", "html")
+
+#: CSV columns, one row per (task, model).
+CSV_COLUMNS = (
+    "task",
+    "model",
+    "n",
+    "passed",
+    "failed",
+    "no_attempt",
+    "tampered",
+    "skipped",
+    "invalid",
+    "error",
+    "pending",
+    "cancelled",
+    "pass_rate",
+    "ci_low",
+    "ci_high",
+    "k",
+    "pass_at_k",
+    "pass_hat_k",
+)
+
+baseline_app = typer.Typer(help="Promote sweeps to baselines and list them.", no_args_is_help=True)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
+def _pts(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:+.1f}"
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    err.print(escape(f"wrote {output}"))
+
+
+def report_csv(report: dict[str, Any]) -> str:
+    """One row per (task, model), with the rates, intervals, pass@k and every outcome count."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(
+        buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n"
+    )
+    writer.writeheader()
+    for cell in report["cells"]:
+        writer.writerow({**cell, "k": report["k"]})
+    return buffer.getvalue()
+
+
+def comparisons_table(report: dict[str, Any]) -> Table:
+    """Pairwise model comparisons: paired difference, Newcombe interval, exact McNemar p, Holm."""
+    table = Table(title="pairwise comparison (paired over shared task × trial cells)")
+    for name in ("model A", "model B"):
+        table.add_column(name, no_wrap=True)
+    for name in ("pairs", "A only", "B only", "A", "B", "A−B pts", "95% CI", "p", "p Holm"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in report["comparisons"]:
+        table.add_row(
+            row["model_a"],
+            row["model_b"],
+            str(row["pairs"]),
+            str(row["a_only"]),
+            str(row["b_only"]),
+            _pct(row["rate_a"]),
+            _pct(row["rate_b"]),
+            _pts(row["diff"]),
+            f"{_pts(row['diff_low'])} to {_pts(row['diff_high'])}",
+            f"{row['p_value']:.3g}",
+            f"{row['p_holm']:.3g}",
+        )
+    table.caption = "p: exact McNemar on discordant pairs; Holm-adjusted over all pairs."
+    return table
+
+
+def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None) -> None:
+    """`apg-farm report`: the sweep's results in one of FORMATS."""
+    if fmt not in FORMATS:
+        raise BadInput(f"unknown format {fmt!r}", field="--format", fix=f"use {', '.join(FORMATS)}")
+    if k is not None and k < 1:
+        raise BadInput("k must be at least 1", field="--k")
+    store = open_store()
+    report = analyse(store, find_sweep(store, sweep_ref), k=k)
+    if fmt == "json":
+        _emit(json.dumps(report, indent=2, default=str) + "\n", output)
+    elif fmt == "csv":
+        _emit(report_csv(report), output)
+    elif fmt == "html":
+        _emit(render_html(report), output)
+    else:
+        out.print(report_table(report))
+        if report["comparisons"]:
+            out.print(comparisons_table(report))
+        for warning in report["provenance"]["warnings"]:
+            err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+
+
+def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: float) -> None:
+    """`apg-farm sweep status`: once, or redrawn every `interval` seconds until the sweep is done."""
+    store = open_store()
+    sweep_id = find_sweep(store, sweep_ref).id
+    if as_json:
+        print_json({**sweep_status(store, sweep_id), "live": snapshot(store, sweep_id)})
+        return
+    if not watch:
+        out.print(render(snapshot(store, sweep_id)))
+        return
+    with Live(render(snapshot(store, sweep_id)), console=out, auto_refresh=False) as live:
+        while True:
+            snap = snapshot(store, sweep_id)
+            live.update(render(snap), refresh=True)
+            if snap["queued"] == 0 and not snap["running"]:
+                break
+            time.sleep(interval)
+
+
+def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:
+    """Model and cell tables of a comparison, B against A."""
+    tables = []
+    for title, rows, keys in (
+        (f"per model: A = {a.label}, B = {b.label}", result["models"], ("model",)),
+        ("per task and model", result["cells"], ("task", "model")),
+    ):
+        table = Table(title=title)
+        for key in keys:
+            table.add_column(key, no_wrap=True)
+        for name in ("A n", "A", "A 95% CI", "B n", "B", "B 95% CI", "B−A pts", "95% CI"):
+            table.add_column(name, justify="right", no_wrap=True)
+        for row in rows:
+            sides = []
+            for side in ("a", "b"):
+                r = row[side]
+                ci = f"{_pct(r['ci_low'])}–{_pct(r['ci_high'])}" if r["n"] else "—"
+                sides += [str(r["n"]), _pct(r["rate"]), ci]
+            table.add_row(
+                *(row[k] for k in keys),
+                *sides,
+                _pts(row["diff"]),
+                f"{_pts(row['diff_low'])} to {_pts(row['diff_high'])}",
+            )
+        tables.append(table)
+    return tables
+
+
+def compare_cmd(
+    a: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
+    b: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
+    fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+) -> None:
+    """Compare two sweeps (or a sweep and a baseline): pass rates, B − A with 95 % intervals."""
+    if fmt not in ("table", "json"):
+        raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use table or json")
+    side_a, side_b = load_side(a, open_store), load_side(b, open_store)
+    result = compare(side_a.summary, side_b.summary)
+    if fmt == "json":
+        print_json(
+            {
+                "a": side_a.label,
+                "b": side_b.label,
+                **result,
+                "problems": [*side_a.problems, *side_b.problems],
+            }
+        )
+        return
+    for table in compare_table(result, side_a, side_b):
+        out.print(table)
+    outcomes = result["outcomes"]
+    for side, label in (("a", side_a.label), ("b", side_b.label)):
+        counts = ", ".join(f"{k} {v}" for k, v in outcomes[side].items()) or "none"
+        out.print(escape(f"outcomes {side.upper()} ({label}): {counts}"))
+    for key in result["only_in_a"]:
+        out.print(escape(f"only in A: {key}"))
+    for key in result["only_in_b"]:
+        out.print(escape(f"only in B: {key}"))
+    for change in result["provenance_changes"]:
+        err.print(f"[yellow]provenance changed:[/] {escape(change)}")
+    for problem in (*side_a.problems, *side_b.problems):
+        err.print(f"[red]evidence does not verify:[/] {escape(problem)}", soft_wrap=True)
+
+
+@baseline_app.command("promote")
+def baseline_promote(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    name: Annotated[str, typer.Option("--name", help="The baseline's name (its file name).")],
+    directory: Annotated[
+        Path, typer.Option("--dir", help="Folder for baselines (commit it to git).")
+    ] = Path("baselines"),
+    indispensable: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--indispensable",
+            help="TASK (every counted attempt must pass) or TASK=MIN_RATE; repeat for several.",
+        ),
+    ] = None,
+    notes: Annotated[str | None, typer.Option(help="A note kept in the baseline.")] = None,
+    replace: Annotated[bool, typer.Option(help="Overwrite an existing baseline.")] = False,
+) -> None:
+    """Write a compact, git-friendly baseline: metrics, counts, provenance; no raw outputs."""
+    gates = baselines.parse_indispensable(indispensable or [])
+    store = open_store()
+    target = find_sweep(store, sweep)
+    report = analyse(store, target)
+    pending = sum(c["pending"] for c in report["cells"])
+    if pending:
+        raise BadInput(
+            f"sweep {target.name!r} has {pending} attempts not finished",
+            fix="promote a finished sweep",
+        )
+    doc = baselines.build(report, name=name, indispensable=gates, notes=notes)
+    path = baselines.write(doc, directory, replace=replace)
+    sealed = "sealed" if target.sealed_at else "not sealed (seal it for verifiable evidence)"
+    out.print(escape(f"baseline {name} written to {path} from sweep {target.name} ({sealed})"))
+
+
+@baseline_app.command("list")
+def baseline_list(
+    directory: Annotated[Path, typer.Option("--dir", help="Folder of baselines.")] = Path(
+        "baselines"
+    ),
+) -> None:
+    """The baselines in a folder, with their sweep, size and whether they verify."""
+    table = Table(title=f"baselines in {directory}")
+    for column in ("name", "sweep", "promoted", "cells", "indispensable", "verifies"):
+        table.add_column(column)
+    for path in sorted(directory.glob("*.json")):
+        try:
+            loaded = baselines.load(path)
+        except BadInput as error:
+            table.add_row(escape(path.stem), "", "", "", "", f"[red]{escape(error.message)}[/]")
+            continue
+        doc = loaded.doc
+        table.add_row(
+            str(doc.get("name")),
+            str(doc["sweep"].get("name")),
+            str(doc.get("promoted_at")),
+            str(len(doc["cells"])),
+            ", ".join(doc.get("indispensable", {})),
+            "[red]no[/]" if loaded.problems else "yes",
+        )
+    out.print(table)
+
+
+def check_cmd(
+    baseline: Annotated[str, typer.Argument(help="Baseline JSON file, or a sweep id or name.")],
+    candidate: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
+    max_rate_drop: Annotated[
+        float, typer.Option(help="Largest allowed pass-rate drop (0.05 = 5 points).", min=0, max=1)
+    ] = 0.05,
+    max_invalid: Annotated[int, typer.Option(help="INVALID attempts allowed.", min=0)] = 0,
+    max_error: Annotated[int, typer.Option(help="ERROR attempts allowed.", min=0)] = 0,
+    significant_only: Annotated[
+        bool,
+        typer.Option(help="Count a model's drop only when its 95 % interval excludes zero."),
+    ] = False,
+    indispensable: Annotated[
+        list[str] | None,
+        typer.Option("--indispensable", help="More indispensable tasks: TASK or TASK=MIN_RATE."),
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="text or json")] = "text",
+) -> None:
+    """Regression gate: exit 1 on a regression, a new indispensable failure, or evidence that
+    does not verify; 0 when the candidate holds up; 2 on bad input."""
+    if fmt not in ("text", "json"):
+        raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
+    gates = baselines.parse_indispensable(indispensable or [])
+    base, cand = load_side(baseline, open_store), load_side(candidate, open_store)
+    policy = Policy(
+        max_rate_drop=max_rate_drop,
+        max_invalid=max_invalid,
+        max_error=max_error,
+        significant_only=significant_only,
+    )
+    verdict = check(base, cand, policy, indispensable=gates)
+    if fmt == "json":
+        print_json(
+            {
+                "ok": verdict.ok,
+                "baseline": base.label,
+                "candidate": cand.label,
+                "failures": verdict.failures,
+                "warnings": verdict.warnings,
+                "comparison": verdict.comparison,
+            }
+        )
+    else:
+        out.print(escape(f"baseline:  {base.label}\ncandidate: {cand.label}"))
+        for table in compare_table(verdict.comparison, base, cand)[:1]:
+            out.print(table)
+        for warning in verdict.warnings:
+            out.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+        for failure in verdict.failures:
+            out.print(f"[red]FAIL:[/] {escape(failure)}", soft_wrap=True)
+        out.print(
+            "[green]check passed[/]"
+            if verdict.ok
+            else f"[red]check failed[/]: {len(verdict.failures)} finding(s)"
+        )
+    if not verdict.ok:
+        raise typer.Exit(1)
+
+
+def seal_cmd(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Folder for the manifest [default: $APG_FARM_HOME/seals]."),
+    ] = None,
+    replace: Annotated[bool, typer.Option(help="Reseal a sealed sweep deliberately.")] = False,
+) -> None:
+    """Seal a finished sweep: a manifest with the sha256 of every stored artifact; no new executions."""
+    store = open_store()
+    target = find_sweep(store, sweep)
+    sealed = seal(store, target.id, directory=directory or default_directory(), replace=replace)
+    out.print(
+        escape(
+            f"sealed sweep {target.name}: {sealed.artifacts} artifacts; manifest {sealed.path} "
+            f"sha256 {sealed.sha256}"
+        ),
+        soft_wrap=True,
+    )
+
+
+def verify_cmd(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    manifest: Annotated[
+        Path | None, typer.Option(help="The manifest, if it moved since sealing.")
+    ] = None,
+) -> None:
+    """Check a sealed sweep against its manifest; exit 1 naming anything missing, changed or added."""
+    store = open_store()
+    target = find_sweep(store, sweep)
+    result = verify(store, target, manifest=manifest)
+    if result.ok:
+        out.print(
+            escape(
+                f"sweep {target.name} verifies: {result.checked} artifacts match {result.manifest}"
+            ),
+            soft_wrap=True,
+        )
+        return
+    for line in result.lines():
+        out.print(f"[red]{escape(line)}[/]", soft_wrap=True)
+    out.print(f"[red]sweep {target.name} does not verify[/]: {len(result.lines())} finding(s)")
+    raise typer.Exit(1)
+
+
+def export_cmd(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    eee: Annotated[Path, typer.Option("--eee", help="Folder for the every_eval_ever files.")],
+) -> None:
+    """Export every graded envelope verbatim and one aggregate envelope per (task, model)."""
+    store = open_store()
+    target = find_sweep(store, sweep)
+    result = export_eee(store, target, eee)
+    out.print(
+        f"exported {result.attempts} attempt envelopes and {result.aggregates} aggregates to {eee}"
+    )
+    for skipped in result.skipped:
+        err.print(f"[yellow]left out:[/] {escape(skipped)}", soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the analysis commands to the `apg-farm` app."""
+    app.command("compare")(compare_cmd)
+    app.command("check")(check_cmd)
+    app.command("seal")(seal_cmd)
+    app.command("verify")(verify_cmd)
+    app.command("export")(export_cmd)
+    app.add_typer(baseline_app, name="baseline")

@@ -1,0 +1,126 @@
+"""Comparing two results: two sweeps, a sweep and a baseline, or two baselines.
+
+A "side" is a summary with the keys of an analysis (`sweep`, `outcomes`, `cells`, `models`,
+`provenance`) plus `indispensable`, read from the store or from a baseline file. Differences are
+B minus A, each with Newcombe's interval for independent samples: two sweeps are two separate
+samples of the same models, so nothing pairs their trials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from apg_farm import baseline as baselines
+from apg_farm.analysis import analyse
+from apg_farm.errors import NotFound
+from apg_farm.report import find_sweep
+from apg_farm.seal import verify
+from apg_farm.stats import newcombe_unpaired, wilson
+from apg_farm.store import Store
+
+#: Provenance fingerprints whose change between the two sides is worth a warning.
+WATCHED = ("grader_tree_sha256", "grader_class_sha256", "dataset_sha256")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison and what about its evidence does not verify."""
+
+    label: str
+    kind: Literal["sweep", "baseline"]
+    summary: dict[str, Any]
+    problems: tuple[str, ...] = ()
+
+
+def load_side(ref: str, open_store: Callable[[], Store], *, k: int | None = None) -> Side:
+    """A baseline file when `ref` is a file (or ends in .json), else a sweep id or name.
+
+    A sealed sweep is verified against its manifest; a baseline against its content digest.
+    """
+    path = Path(ref)
+    if path.is_file() or ref.endswith(".json"):
+        if not path.is_file():
+            raise NotFound(f"no baseline file {ref}")
+        loaded = baselines.load(path)
+        doc = dict(loaded.doc)
+        doc.setdefault("indispensable", {})
+        return Side(f"baseline {doc.get('name')} ({path})", "baseline", doc, loaded.problems)
+    store = open_store()
+    sweep = find_sweep(store, ref)
+    summary = analyse(store, sweep, k=k)
+    summary["indispensable"] = {}
+    problems: tuple[str, ...] = ()
+    if sweep.sealed_at is not None:
+        checked = verify(store, sweep)
+        problems = tuple(f"sweep {sweep.name} seal: {line}" for line in checked.lines())
+    return Side(f"sweep {sweep.name} (id {sweep.id})", "sweep", summary, problems)
+
+
+def _rate(passed: int, n: int) -> dict[str, Any]:
+    low, high = wilson(passed, n)
+    return {
+        "n": n,
+        "passed": passed,
+        "rate": passed / n if n else None,
+        "ci_low": low if n else None,
+        "ci_high": high if n else None,
+    }
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    diff = newcombe_unpaired(b["passed"], b["n"], a["passed"], a["n"])
+    return {"diff": diff.estimate, "diff_low": diff.low, "diff_high": diff.high}
+
+
+def _fingerprints(summary: dict[str, Any], key: str) -> list[str]:
+    return sorted(summary.get("provenance", {}).get("fingerprints", {}).get(key, {}))
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Per (task, model) and per model (over the tasks both sides ran), B against A."""
+    cells_a = {(c["task"], c["model"]): c for c in a["cells"]}
+    cells_b = {(c["task"], c["model"]): c for c in b["cells"]}
+    cells = []
+    for key in [k for k in cells_a if k in cells_b]:
+        ca, cb = cells_a[key], cells_b[key]
+        ra, rb = _rate(ca["passed"], ca["n"]), _rate(cb["passed"], cb["n"])
+        cells.append(
+            {
+                "task": key[0],
+                "model": key[1],
+                "a": {**ra, "invalid": ca["invalid"], "error": ca["error"]},
+                "b": {**rb, "invalid": cb["invalid"], "error": cb["error"]},
+                **_diff(ra, rb),
+            }
+        )
+    models = []
+    for model in dict.fromkeys(c["model"] for c in cells):
+        mine = [c for c in cells if c["model"] == model]
+        pooled = {
+            side: _rate(sum(c[side]["passed"] for c in mine), sum(c[side]["n"] for c in mine))
+            for side in ("a", "b")
+        }
+        models.append(
+            {
+                "model": model,
+                "tasks": [c["task"] for c in mine],
+                **pooled,
+                **_diff(pooled["a"], pooled["b"]),
+            }
+        )
+    changes = []
+    for name in WATCHED:
+        before, after = _fingerprints(a, name), _fingerprints(b, name)
+        if before and after and before != after:
+            changes.append(f"{name}: {', '.join(before)} -> {', '.join(after)}")
+    return {
+        "models": models,
+        "cells": cells,
+        "only_in_a": [f"{t} {m}" for (t, m) in cells_a if (t, m) not in cells_b],
+        "only_in_b": [f"{t} {m}" for (t, m) in cells_b if (t, m) not in cells_a],
+        "outcomes": {"a": a.get("outcomes", {}), "b": b.get("outcomes", {})},
+        "provenance_changes": changes,
+    }

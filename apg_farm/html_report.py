@@ -1,0 +1,301 @@
+"""The HTML report: one self-contained file (inline CSS and SVG, nothing fetched from a network).
+
+It draws each (task, model) pass rate with its Wilson interval as a forest plot, then the tables:
+outcomes, results per cell and per model, pairwise comparisons, phase durations, bed health and
+provenance. Input is `apg_farm.analysis.analyse` output; every string is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+#: One colour per model, in the sweep's model order (colour-blind-safe Okabe-Ito palette).
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}
+th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th{background:#f5f5f5;font-weight:600}td.l,th.l{text-align:left}
+.wrap{overflow-x:auto}td.warn{color:#a15c00;font-weight:600}.muted{color:#777}.bad{color:#b00020;font-weight:600}
+.caption{color:#555;font-size:.92em;max-width:900px}code{font-size:.9em}
+svg text{font:12px system-ui,sans-serif}.swatch{display:inline-block;width:.9em;height:.9em;
+margin:0 .3em 0 1em;vertical-align:-.1em;border-radius:2px}
+"""
+
+
+def _pct(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value * 100:.{digits}f}%"
+
+
+def _num(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _cell(value: Any, *, left: bool = False, warn: bool = False) -> str:
+    classes = " ".join(c for c, on in (("l", left), ("warn", warn)) if on)
+    attr = f' class="{classes}"' if classes else ""
+    return f"<td{attr}>{escape(str(value))}</td>"
+
+
+def _table(
+    table_id: str, headers: list[str], rows: list[str], *, left: int = 1, caption: str = ""
+) -> str:
+    head = "".join(
+        f'<th class="l">{escape(h)}</th>' if i < left else f"<th>{escape(h)}</th>"
+        for i, h in enumerate(headers)
+    )
+    body = "".join(f"<tr>{row}</tr>" for row in rows) or (
+        f'<tr><td class="l muted" colspan="{len(headers)}">none</td></tr>'
+    )
+    note = f'<p class="caption">{caption}</p>' if caption else ""
+    return (
+        f'<div class="wrap"><table id="{table_id}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>{note}"
+    )
+
+
+def forest_plot(report: dict[str, Any]) -> str:
+    """SVG: one row per (task, model) and per model pooled, a dot at the rate, a bar for its CI."""
+    models = [m["model"] for m in report.get("models", [])]
+    colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(models)}
+    groups: list[tuple[str, list[dict[str, Any]]]] = []
+    for cell in report["cells"]:
+        if not groups or groups[-1][0] != cell["task"]:
+            groups.append((cell["task"], []))
+        groups[-1][1].append(cell)
+    groups.append(("all tasks (pooled)", report.get("models", [])))
+
+    plot_x, plot_w, text_x = 345, 470, 830
+    row_h, top = 20, 34
+    lines: list[str] = []
+    y = top
+    for title, rows in groups:
+        y += 6
+        lines.append(f'<text x="8" y="{y + 10}" font-weight="600">{escape(title)}</text>')
+        y += row_h
+        for row in rows:
+            model = row["model"]
+            cy = y + row_h / 2
+            lines.append(
+                f'<text x="24" y="{cy + 4}" fill="{colour.get(model, "#333")}">'
+                f"{escape(model)}</text>"
+            )
+            if row.get("pass_rate") is None:
+                lines.append(
+                    f'<text x="{plot_x}" y="{cy + 4}" class="muted" fill="#777">'
+                    "no counted attempt</text>"
+                )
+            else:
+                x0 = plot_x + plot_w * row["ci_low"]
+                x1 = plot_x + plot_w * row["ci_high"]
+                xp = plot_x + plot_w * row["pass_rate"]
+                c = colour.get(model, "#333")
+                pooled = "tasks" in row
+                lines.append(
+                    f'<line class="ci" x1="{x0:.1f}" y1="{cy}" x2="{x1:.1f}" y2="{cy}" '
+                    f'stroke="{c}" stroke-width="2"/>'
+                )
+                if pooled:
+                    lines.append(
+                        f'<path class="point pooled" d="M{xp:.1f} {cy - 6}l6 6l-6 6l-6 -6z" fill="{c}"/>'
+                    )
+                else:
+                    lines.append(
+                        f'<circle class="point" cx="{xp:.1f}" cy="{cy}" r="4.5" fill="{c}"/>'
+                    )
+            rate = row.get("pass_rate")
+            summary = (
+                f"{_pct(rate)} [{_pct(row['ci_low'])}–{_pct(row['ci_high'])}] n={row['n']}"
+                if rate is not None
+                else f"n={row['n']}"
+            )
+            lines.append(f'<text x="{text_x}" y="{cy + 4}">{escape(summary)}</text>')
+            y += row_h
+    height = y + 12
+    axis = []
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        x = plot_x + plot_w * tick
+        axis.append(
+            f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{height - 8}" stroke="#e3e3e3"/>'
+            f'<text x="{x:.1f}" y="{top - 10}" text-anchor="middle" fill="#555">{tick:.0%}</text>'
+        )
+    width = text_x + 200
+    return (
+        f'<svg id="forest-plot" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" aria-label="pass rate with 95% Wilson interval per task '
+        f'and model">'
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>'
+        f'<text x="8" y="{top - 10}" fill="#555">pass rate, 95% Wilson interval</text>'
+        f"{''.join(axis)}{''.join(lines)}"
+        "</svg>"
+    )
+
+
+def _counts(row: dict[str, Any]) -> str:
+    return "".join(_cell(row[k]) for k in ("passed", "failed", "no_attempt", "tampered")) + "".join(
+        _cell(row[k], warn=bool(row[k])) for k in ("skipped", "invalid", "error", "pending")
+    )
+
+
+_COUNT_HEADERS = [
+    "pass",
+    "fail",
+    "no-attempt",
+    "tampered",
+    "skipped",
+    "INVALID",
+    "ERROR",
+    "pending",
+]
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """The whole report as one HTML document."""
+    sweep, prov, k = report["sweep"], report.get("provenance", {}), report.get("k", 1)
+    models = [m["model"] for m in report.get("models", [])]
+    legend = "".join(
+        f'<span class="swatch" style="background:{PALETTE[i % len(PALETTE)]}"></span>{escape(m)}'
+        for i, m in enumerate(models)
+    )
+    outcomes = report.get("outcomes", {})
+    prominent = {"INVALID", "ERROR", "SKIPPED"}
+    outcome_rows = [
+        _cell(name, left=True) + _cell(count, warn=name in prominent and bool(count))
+        for name, count in outcomes.items()
+    ]
+    cell_rows = [
+        _cell(c["task"], left=True)
+        + _cell(c["model"], left=True)
+        + _cell(c["n"])
+        + _cell(_pct(c["pass_rate"], 1))
+        + _cell(f"{_pct(c['ci_low'], 1)} – {_pct(c['ci_high'], 1)}" if c["n"] else "—")
+        + _cell(_pct(c.get("pass_at_k"), 1))
+        + _cell(_pct(c.get("pass_hat_k"), 1))
+        + _counts(c)
+        for c in report["cells"]
+    ]
+    model_rows = [
+        _cell(m["model"], left=True)
+        + _cell(m["tasks"])
+        + _cell(m["n"])
+        + _cell(_pct(m["pass_rate"], 1))
+        + _cell(f"{_pct(m['ci_low'], 1)} – {_pct(m['ci_high'], 1)}" if m["n"] else "—")
+        + _cell(_pct(m.get("pass_at_k"), 1))
+        + _cell(_pct(m.get("pass_hat_k"), 1))
+        + _counts(m)
+        for m in report.get("models", [])
+    ]
+    comparisons = report.get("comparisons", [])
+    comparison_rows = [
+        _cell(r["model_a"], left=True)
+        + _cell(r["model_b"], left=True)
+        + _cell(r["pairs"])
+        + _cell(f"{r['both']} / {r['a_only']} / {r['b_only']} / {r['neither']}")
+        + _cell(_pct(r["rate_a"], 1))
+        + _cell(_pct(r["rate_b"], 1))
+        + _cell(_pct(r["diff"], 1))
+        + _cell(f"{_pct(r['diff_low'], 1)} – {_pct(r['diff_high'], 1)}")
+        + _cell(_p(r["p_value"]))
+        + _cell(_p(r["p_holm"]))
+        for r in comparisons
+    ]
+    phase_rows = [
+        _cell(name, left=True)
+        + _cell(d["count"])
+        + _cell(_num(d["median"]))
+        + _cell(_num(d["p95"]))
+        + _cell(_num(d["max"]))
+        for name, d in report.get("phases", {}).items()
+    ]
+    bed_rows = [
+        _cell(b["bed"], left=True)
+        + _cell(b["state"], left=True, warn=b["state"] != "active")
+        + _cell(b["executions"])
+        + _cell(", ".join(f"{k} {v}" for k, v in b["results"].items()), left=True)
+        + _cell(b["retries"], warn=bool(b["retries"]))
+        + _cell(b["lost"], warn=bool(b["lost"]))
+        + _cell(_pct(b["infra_failure_rate"]))
+        + _cell(b["quarantined_during_sweep"], warn=bool(b["quarantined_during_sweep"]))
+        + _cell(_num(b["median_bed_seconds"]))
+        + _cell(", ".join(h[:16] for h in b["grader_tree_sha256"]) or "—", left=True)
+        + _cell(b["reason"] or "", left=True)
+        for b in report.get("beds", [])
+    ]
+    prov_rows = [
+        _cell(key, left=True) + f'<td class="l"><code>{escape(str(value))}</code></td>'
+        for key, value in (
+            ("apg-farm version", prov.get("farm_version")),
+            ("sweep spec sha256", prov.get("spec_sha256")),
+            ("dataset", prov.get("dataset")),
+            ("agent", prov.get("agent")),
+            ("created", prov.get("created_at")),
+            ("sealed", prov.get("sealed_at") or "not sealed"),
+            ("seal manifest sha256", prov.get("seal_sha256") or "—"),
+            ("graded envelopes", prov.get("envelopes")),
+            (
+                "graded with",
+                ", ".join(f"{k} ({v})" for k, v in prov.get("eval_libraries", {}).items()) or "—",
+            ),
+        )
+    ]
+    for key, values in prov.get("fingerprints", {}).items():
+        text = ", ".join(f"{v} ({n})" for v, n in values.items())
+        prov_rows.append(_cell(key, left=True) + f'<td class="l"><code>{escape(text)}</code></td>')
+    for task, values in prov.get("task_sha256", {}).items():
+        text = ", ".join(f"{v} ({n})" for v, n in values.items())
+        prov_rows.append(
+            _cell(f"task_sha256 {task}", left=True)
+            + f'<td class="l"><code>{escape(text)}</code></td>'
+        )
+    warnings = "".join(f'<p class="bad">{escape(w)}</p>' for w in prov.get("warnings", []))
+    excluded = sum(outcomes.get(o, 0) for o in ("INVALID", "ERROR", "SKIPPED"))
+    title = f"apg-farm report: {sweep['name']}"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)}</title><style>{_CSS}</style></head>
+<body>
+<h1>{escape(title)}</h1>
+<p class="muted">sweep id {sweep["id"]}, state {escape(str(sweep["state"]))}, {sweep["attempts"]} attempts,
+{len(report["cells"])} (task, model) cells. Rates count PASSED, FAILED, NO_ATTEMPT and TAMPERED;
+{excluded} INVALID, ERROR or SKIPPED attempts are outside every rate and shown beside it.</p>
+
+<h2>Pass rates</h2>
+<p>{legend}</p>
+{forest_plot(report)}
+<p class="caption">Dots are pass rates, bars their 95% Wilson intervals; diamonds pool each model over
+its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairwise table below tests it.</p>
+
+<h2>Outcomes</h2>
+{_table("outcomes-table", ["outcome", "attempts"], outcome_rows)}
+
+<h2>Results per task and model</h2>
+{_table("cells-table", ["task", "model", "n", "pass rate", "95% CI", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], cell_rows, left=2, caption=f"pass@{k}: chance that at least one of {k} trials passes; pass^{k}: chance that all {k} pass (unbiased estimators over the trials; — when fewer than {k} were counted).")}
+
+<h2>Per model</h2>
+{_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"Pooled over tasks; pass@{k} and pass^{k} are means over tasks.")}
+
+<h2>Pairwise comparison</h2>
+{_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have a counted outcome for. The interval is Newcombe's for paired proportions; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}
+
+<h2>Phase durations (seconds)</h2>
+{_table("phases-table", ["phase", "count", "median", "p95", "max"], phase_rows)}
+
+<h2>Beds</h2>
+{_table("beds-table", ["bed", "state", "executions", "results", "retries", "lost", "infra failures", "quarantined", "median bed s", "grader_tree_sha256", "reason"], bed_rows, left=2)}
+
+<h2>Provenance</h2>
+{warnings}
+{_table("provenance-table", ["item", "value"], prov_rows, left=2)}
+</body></html>
+"""

@@ -1,0 +1,224 @@
+"""The live view of a sweep: progress per model, what each bed is doing, quarantines, an ETA.
+
+`snapshot` reads the store once; `render` turns a snapshot into rich tables. `apg-farm sweep
+status --watch` redraws them every few seconds; tests render to a string.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import func, select
+
+from apg_farm.analysis import PHASE_ORDER
+from apg_farm.outcomes import COUNTED, Outcome
+from apg_farm.stats import quantile
+from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store, Sweep
+from apg_farm.store import utcnow as _utcnow
+
+
+def _next_phase(last: str | None) -> str:
+    """The phase an execution is in: the one after the last phase it recorded."""
+    if last is None:
+        return PHASE_ORDER[0]
+    if last in PHASE_ORDER and last != PHASE_ORDER[-1]:
+        return PHASE_ORDER[PHASE_ORDER.index(last) + 1]
+    return "finishing"
+
+
+def snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) -> dict[str, Any]:
+    """Everything the live view shows, read in one transaction."""
+    now = now or _utcnow()
+    with store.session() as session:
+        sweep = session.get_one(Sweep, sweep_id)
+        attempts = session.execute(
+            select(Attempt.model, Attempt.state, Attempt.outcome).where(
+                Attempt.sweep_id == sweep_id
+            )
+        ).all()
+        running = session.execute(
+            select(
+                Bed.name,
+                Attempt.task,
+                Attempt.model,
+                Attempt.trial,
+                Execution.id,
+                Execution.number,
+                Execution.started_at,
+            )
+            .join(Execution, Execution.attempt_id == Attempt.id)
+            .join(Bed, Bed.id == Execution.bed_id)
+            .where(
+                Attempt.sweep_id == sweep_id,
+                Attempt.state == AttemptState.RUNNING,
+                Execution.bed_id == Attempt.bed_id,
+                Execution.finished_at.is_(None),
+            )
+            .order_by(Bed.name)
+        ).all()
+        last_phase = {}
+        if running:
+            latest = (
+                select(Phase.execution_id, func.max(Phase.id).label("id"))
+                .where(Phase.execution_id.in_([r.id for r in running]))
+                .group_by(Phase.execution_id)
+                .subquery()
+            )
+            for execution_id, name, finished in session.execute(
+                select(Phase.execution_id, Phase.name, Phase.finished_at).join(
+                    latest, latest.c.id == Phase.id
+                )
+            ):
+                last_phase[execution_id] = (name, finished)
+        durations = [
+            (finished - started).total_seconds()
+            for started, finished in session.execute(
+                select(Execution.started_at, Execution.finished_at)
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .where(Attempt.sweep_id == sweep_id, Execution.finished_at.is_not(None))
+            )
+            if finished is not None
+        ]
+        beds = session.execute(
+            select(Bed.name, Bed.state, Bed.state_reason).where(Bed.pool == sweep.pool)
+        ).all()
+
+    per_model: dict[str, dict[str, int]] = defaultdict(
+        lambda: {
+            "total": 0,
+            "done": 0,
+            "running": 0,
+            "passed": 0,
+            "counted": 0,
+            "invalid": 0,
+            "error": 0,
+        }
+    )
+    for model, state, outcome in attempts:
+        row = per_model[model]
+        row["total"] += 1
+        row["done"] += state == AttemptState.DONE
+        row["running"] += state == AttemptState.RUNNING
+        row["passed"] += outcome == Outcome.PASSED
+        row["counted"] += outcome in COUNTED
+        row["invalid"] += outcome == Outcome.INVALID
+        row["error"] += outcome == Outcome.ERROR
+    order = {m: i for i, m in enumerate(sweep.spec.get("models", []))}
+    models = [
+        {"model": m, **per_model[m]}
+        for m in sorted(per_model, key=lambda m: (order.get(m, 1e9), m))
+    ]
+
+    running_rows: list[dict[str, Any]] = []
+    for bed, task, model, trial, execution_id, number, started in running:
+        last = last_phase.get(execution_id)
+        since = last[1] if last else started
+        running_rows.append(
+            {
+                "bed": bed,
+                "task": task,
+                "model": model,
+                "trial": trial,
+                "execution": number,
+                "phase": _next_phase(last[0] if last else None),
+                "last_phase": last[0] if last else None,
+                "phase_elapsed": max(0.0, (now - since).total_seconds()),
+                "elapsed": max(0.0, (now - started).total_seconds()),
+            }
+        )
+
+    total = len(attempts)
+    done = sum(1 for _, state, _ in attempts if state == AttemptState.DONE)
+    queued = sum(1 for _, state, _ in attempts if state == AttemptState.QUEUED)
+    active = sum(1 for _, state, _ in beds if state == BedState.ACTIVE)
+    typical = quantile(durations, 0.5)
+    eta: float | None = None
+    if typical is not None and active:
+        left = queued * typical + sum(max(0.0, typical - r["elapsed"]) for r in running_rows)
+        eta = left / active
+    elif queued + len(running_rows) == 0:
+        eta = 0.0
+    return {
+        "sweep": {"id": sweep.id, "name": sweep.name, "state": sweep.state},
+        "at": now.isoformat(timespec="seconds"),
+        "total": total,
+        "done": done,
+        "queued": queued,
+        "models": models,
+        "running": running_rows,
+        "active_beds": active,
+        "quarantined": [
+            {"bed": name, "reason": reason}
+            for name, state, reason in sorted(beds)
+            if state == BedState.QUARANTINED
+        ],
+        "median_execution_seconds": typical,
+        "eta_seconds": eta,
+    }
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def render(snap: dict[str, Any]) -> RenderableType:
+    """The live view: a header line, progress per model, running attempts per bed, quarantines."""
+    sweep = snap["sweep"]
+    finished = snap["queued"] == 0 and not snap["running"]
+    header = Text.assemble(
+        (f"sweep {sweep['name']} (id {sweep['id']}, {sweep['state']})", "bold"),
+        f"  {snap['done']}/{snap['total']} done, {len(snap['running'])} running, "
+        f"{snap['queued']} queued on {snap['active_beds']} active beds  ",
+        ("finished" if finished else f"ETA {_clock(snap['eta_seconds'])}", "cyan"),
+        f"  (median attempt {_clock(snap['median_execution_seconds'])}; at {snap['at']})",
+    )
+    progress = Table(title="progress per model", title_justify="left")
+    progress.add_column("model", no_wrap=True)
+    for name in ("done", "running", "passed/counted", "invalid", "error"):
+        progress.add_column(name, justify="right")
+    for row in snap["models"]:
+        progress.add_row(
+            row["model"],
+            f"{row['done']}/{row['total']}",
+            str(row["running"]),
+            f"{row['passed']}/{row['counted']}",
+            f"[yellow]{row['invalid']}[/]" if row["invalid"] else "0",
+            f"[yellow]{row['error']}[/]" if row["error"] else "0",
+        )
+    parts: list[RenderableType] = [header, progress]
+    beds = Table(title="running attempts per bed", title_justify="left")
+    for name in ("bed", "task", "model", "trial", "try", "phase", "in phase", "elapsed"):
+        beds.add_column(name, no_wrap=True)
+    for row in snap["running"]:
+        beds.add_row(
+            row["bed"],
+            row["task"],
+            row["model"],
+            str(row["trial"]),
+            str(row["execution"]),
+            row["phase"],
+            _clock(row["phase_elapsed"]),
+            _clock(row["elapsed"]),
+        )
+    if not snap["running"]:
+        beds.caption = "no attempt running"
+    parts.append(beds)
+    if snap["quarantined"]:
+        quarantine = Table(title="quarantined beds", title_justify="left", style="red")
+        quarantine.add_column("bed", no_wrap=True)
+        quarantine.add_column("reason")
+        for row in snap["quarantined"]:
+            quarantine.add_row(escape(row["bed"]), escape(row["reason"] or ""))
+        parts.append(quarantine)
+    return Group(*parts)

@@ -1,0 +1,135 @@
+"""Sealed evidence on SQLite and PostgreSQL: the manifest, verify naming what changed, and a
+sealed sweep refusing new executions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from apg_farm.claims import claim_next
+from apg_farm.errors import BadInput
+from apg_farm.seal import SealedSweep, artifacts, seal, verify
+from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, Sweep
+from scheduler.submit import submit
+from tests.simbeds import make_beds, spec
+from workers.embedded import EmbeddedExecutor
+
+
+def _sweep(store: Store, name: str) -> Sweep:
+    with store.session() as session:
+        row = session.scalar(select(Sweep).where(Sweep.name == name))
+        assert row is not None
+        session.expunge(row)
+        return row
+
+
+@pytest.fixture
+def finished(store: Store, tmp_path: Path) -> Sweep:
+    """A finished sweep of two attempts on one simulated bed."""
+    make_beds(store, tmp_path, 1)
+    submission = submit(store, spec("sealme", tasks=1, models=2, trials=1, diff=False))
+    result = EmbeddedExecutor(store, submission.sweep_id).run()
+    assert not result.errors and not result.stranded
+    return _sweep(store, "sealme")
+
+
+def test_seal_then_verify(store: Store, finished: Sweep, tmp_path: Path) -> None:
+    """The manifest lists every artifact with its sha256; the store keeps the manifest's sha256."""
+    sealed = seal(store, finished.id, directory=tmp_path / "seals")
+    data = sealed.path.read_bytes()
+    manifest = json.loads(data)
+    names = manifest["artifacts"]
+    assert sealed.sha256 == hashlib.sha256(data).hexdigest() == _sweep(store, "sealme").seal_sha256
+    assert manifest["artifact_count"] == sealed.artifacts == len(names)
+    assert "sweep" in names
+    envelopes = [n for n in names if n.endswith("/envelope")]
+    assert len(envelopes) == 2
+    assert any(n.endswith(":grade]/stdout") for n in names)
+    assert any(n.endswith(":reset]/stderr") for n in names)
+    assert names == artifacts(store, finished.id)
+    result = verify(store, _sweep(store, "sealme"))
+    assert result.ok and result.checked == len(names)
+
+
+def test_altered_envelope_is_named(store: Store, finished: Sweep, tmp_path: Path) -> None:
+    """One envelope's bytes changed after sealing: verify fails and names that envelope."""
+    seal(store, finished.id, directory=tmp_path)
+    with store.session() as session:
+        execution = session.scalars(
+            select(Execution)
+            .join(Attempt, Attempt.id == Execution.attempt_id)
+            .where(Attempt.sweep_id == finished.id, Execution.envelope.is_not(None))
+            .order_by(Execution.id)
+        ).first()
+        assert execution is not None and execution.envelope is not None
+        attempt = session.get_one(Attempt, execution.attempt_id)
+        # One byte more: the kind of edit nobody would see by reading the JSON.
+        execution.envelope = execution.envelope + b"\n"
+        expected = f"attempt[{attempt.task}|{attempt.model}|{attempt.trial}]/execution[1]/envelope"
+    result = verify(store, _sweep(store, "sealme"))
+    assert not result.ok
+    assert result.changed == [expected]
+    assert result.lines() == [f"changed: {expected}"]
+
+
+def test_missing_added_and_manifest_changes(store: Store, finished: Sweep, tmp_path: Path) -> None:
+    """A deleted phase is missing, a new phase is added, an edited manifest is reported."""
+    sealed = seal(store, finished.id, directory=tmp_path)
+    with store.session() as session:
+        phase = session.scalars(
+            select(Phase)
+            .join(Execution, Execution.id == Phase.execution_id)
+            .join(Attempt, Attempt.id == Execution.attempt_id)
+            .where(Attempt.sweep_id == finished.id, Phase.name == "grade")
+            .order_by(Phase.id)
+        ).first()
+        assert phase is not None
+        session.delete(phase)
+    result = verify(store, _sweep(store, "sealme"))
+    assert result.missing and all(":grade]" in n for n in result.missing)
+    sealed.path.write_bytes(sealed.path.read_bytes().replace(b'"algorithm"', b'"algorithm" '))
+    result = verify(store, _sweep(store, "sealme"))
+    assert any("manifest" in p and "changed" in p for p in result.problems)
+    sealed.path.unlink()
+    assert "cannot be read" in verify(store, _sweep(store, "sealme")).problems[0]
+
+
+def test_sealed_sweep_takes_no_new_executions(
+    store: Store, finished: Sweep, tmp_path: Path
+) -> None:
+    """Claims skip a sealed sweep even if an attempt is put back in the queue; submit refuses."""
+    seal(store, finished.id, directory=tmp_path)
+    with store.session() as session:
+        session.execute(
+            update(Attempt)
+            .where(Attempt.sweep_id == finished.id)
+            .values(state=AttemptState.QUEUED, outcome=None)
+        )
+        bed_id = session.scalars(select(Execution.bed_id)).first()
+    assert bed_id is not None
+    assert claim_next(store, bed_id, lease_seconds=60, worker="t", sweep_id=finished.id) is None
+    with pytest.raises(SealedSweep, match="sealed"):
+        submit(store, spec("sealme", tasks=1, models=2, trials=2, diff=False))
+    # Submitting what is already there adds nothing, so it is not refused.
+    assert submit(store, spec("sealme", tasks=1, models=2, trials=1, diff=False)).created == 0
+
+
+def test_seal_refuses_unfinished_and_resealing(
+    store: Store, finished: Sweep, tmp_path: Path
+) -> None:
+    """Only finished evidence is sealed; a second seal needs --replace; verify needs a seal."""
+    with pytest.raises(BadInput, match="is not sealed"):
+        verify(store, finished)
+    submit(store, spec("sealme", tasks=1, models=2, trials=2, diff=False))
+    with pytest.raises(BadInput, match="not finished"):
+        seal(store, finished.id, directory=tmp_path)
+    EmbeddedExecutor(store, finished.id).run()
+    seal(store, finished.id, directory=tmp_path)
+    with pytest.raises(BadInput, match="--replace"):
+        seal(store, finished.id, directory=tmp_path)
+    again = seal(store, finished.id, directory=tmp_path, replace=True)
+    assert again.artifacts > 0 and verify(store, _sweep(store, "sealme")).ok

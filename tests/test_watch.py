@@ -1,0 +1,96 @@
+"""The live sweep view, read from a real store mid-sweep and rendered to text (no terminal)."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from sqlalchemy import update
+
+from apg_farm.claims import claim_next
+from apg_farm.store import Bed, BedState, Execution, Phase, Store, utcnow
+from apg_farm.watch import render, snapshot
+from scheduler.submit import submit
+from tests.simbeds import make_beds, spec
+from workers.engine import AttemptEngine
+
+
+def test_snapshot_and_render_mid_sweep(store: Store, tmp_path: Path) -> None:
+    """One attempt done, one running in its reset on bed1, two queued, bed2 quarantined."""
+    # Given a sweep of 4 attempts with one finished on bed0
+    beds = make_beds(store, tmp_path, 3)
+    sweep_id = submit(store, spec("live", tasks=1, models=2, trials=2, diff=False)).sweep_id
+    report = AttemptEngine(store, "bed0", worker="w0").run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome is not None
+    # and one claimed by bed1 whose verify_before ended 8 s ago, 30 s into the execution
+    claim = claim_next(store, beds[1].id, lease_seconds=600, worker="w1", sweep_id=sweep_id)
+    assert claim is not None
+    now = utcnow()
+    with store.session() as session:
+        session.execute(
+            update(Execution)
+            .where(Execution.id == claim.execution_id)
+            .values(started_at=now - timedelta(seconds=30))
+        )
+        session.add(
+            Phase(
+                execution_id=claim.execution_id,
+                name="verify_before",
+                argv=["verify"],
+                rc=0,
+                exit_code=0,
+                started_at=now - timedelta(seconds=30),
+                finished_at=now - timedelta(seconds=8),
+                duration=22.0,
+            )
+        )
+        session.execute(
+            update(Bed)
+            .where(Bed.id == beds[2].id)
+            .values(state=BedState.QUARANTINED, state_reason="reset failed: APG_RESET_GRADER_DRIFT")
+        )
+
+    # When the view is read
+    snap = snapshot(store, sweep_id, now=now)
+
+    # Then progress, the running attempt's phase and times, the quarantine and the ETA are right
+    assert (snap["total"], snap["done"], snap["queued"]) == (4, 1, 2)
+    assert sum(m["done"] for m in snap["models"]) == 1
+    assert sum(m["running"] for m in snap["models"]) == 1
+    [running] = snap["running"]
+    assert running["bed"] == "bed1" and running["task"] == claim.task
+    assert (running["phase"], running["last_phase"]) == ("reset", "verify_before")
+    assert running["elapsed"] == pytest.approx(30, abs=0.01)
+    assert running["phase_elapsed"] == pytest.approx(8, abs=0.01)
+    assert snap["quarantined"] == [
+        {"bed": "bed2", "reason": "reset failed: APG_RESET_GRADER_DRIFT"}
+    ]
+    typical = snap["median_execution_seconds"]
+    assert typical is not None and typical > 0
+    assert snap["active_beds"] == 2
+    assert snap["eta_seconds"] == pytest.approx((2 * typical + max(0.0, typical - 30)) / 2)
+
+    console = Console(file=io.StringIO(), width=200, record=True, color_system=None)
+    console.print(render(snap))
+    text = console.export_text()
+    assert "sweep live" in text and "1/4 done, 1 running, 2 queued on 2 active beds" in text
+    assert "ETA " in text and "progress per model" in text
+    line = next(line for line in text.splitlines() if "bed1" in line)
+    assert claim.task in line and "reset" in line and "0m08s" in line and "0m30s" in line
+    assert "quarantined beds" in text and "APG_RESET_GRADER_DRIFT" in text
+
+
+def test_finished_sweep_says_so(store: Store, tmp_path: Path) -> None:
+    """With nothing queued or running the view says finished instead of an ETA."""
+    make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec("done", tasks=1, models=1, trials=1, diff=False)).sweep_id
+    assert AttemptEngine(store, "bed0", worker="w").run_next(sweep_id=sweep_id) is not None
+    snap = snapshot(store, sweep_id)
+    assert snap["eta_seconds"] == 0.0 and snap["running"] == []
+    console = Console(file=io.StringIO(), width=160, record=True, color_system=None)
+    console.print(render(snap))
+    text = console.export_text()
+    assert "finished" in text and "ETA" not in text and "no attempt running" in text
