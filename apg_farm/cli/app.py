@@ -19,6 +19,7 @@ from apg_farm.errors import BadInput, FarmError
 from apg_farm.outcomes import Outcome
 from apg_farm.queues import pool_queue
 from apg_farm.report import find_sweep, sweep_report
+from apg_farm.seal import refuse_if_sealed
 from apg_farm.specs import load_sweep
 from apg_farm.store import BedState
 from scheduler.control import cancel_sweep
@@ -215,6 +216,7 @@ def sweep_retry(
         ) from None
     store = open_store()
     target = find_sweep(store, sweep)
+    refuse_if_sealed(target)
     count = distributed.retry_attempts(store, target.id, outcomes)
     out.print(f"{count} attempts queued again")
     if distributed.broker_configured():
