@@ -285,3 +285,27 @@ def judge_grade(
             Outcome.NO_ATTEMPT, f"agent failed and the grade found nothing passing ({score})"
         )
     return _final(Outcome.FAILED, score)
+
+
+#: Exit code of the escrow hash command when the set's folder is gone (see apg_farm/escrow.py).
+ESCROW_SET_MISSING = 3
+
+
+def judge_escrow_check(output: PhaseOutput, *, changes: list[str] | None) -> Verdict:
+    """The escrow set before the attempt: a set that changed since enrolment cannot be trusted to
+    judge anything, so the bed is quarantined before its verifier runs."""
+    verdict = _infrastructure("escrow check", output)
+    if verdict:
+        return verdict
+    if output.exit_code == ESCROW_SET_MISSING:
+        reason = "escrow set missing since it was recorded"
+        return _retry(reason, quarantine=f"{reason}: enrol it again with `apg-farm bed escrow`")
+    if output.exit_code != 0 or changes is None:
+        return _retry(f"escrow check could not hash the set (exit {output.exit_code})")
+    if changes:
+        shown = ", ".join(changes[:5]) + (
+            f" (+{len(changes) - 5} more)" if len(changes) > 5 else ""
+        )
+        reason = f"escrow set changed since it was recorded: {shown}"
+        return _retry(reason, quarantine=reason)
+    return CONTINUE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from apg_farm.errors import BadInput
@@ -25,10 +26,32 @@ def transport_for(bed: BedAddress) -> Transport:
     """The transport that reaches this bed: one per bed, reused for all its commands."""
     if bed.transport == "local":
         return LocalTransport()
+    if bed.transport == "ssh":
+        from apg_farm.transports.ssh import SshTransport, target_of
+
+        return SshTransport(target_of(bed))
     raise BadInput(
         f"bed {bed.name} uses transport {bed.transport!r}, which this apg-farm does not know",
         fix="re-enrol the bed with `apg-farm bed add`",
     )
 
 
-__all__ = ["BedAddress", "Captured", "CommandResult", "LocalTransport", "Transport", "transport_for"]
+def host_environment(transport: Transport) -> Mapping[str, str] | None:
+    """The environment of the bed's host that a bed command's allow-list is drawn from: over SSH
+    the host's own login environment (its PATH and HOME, not the farm's), else None (this process's)."""
+    probe = getattr(transport, "host_environment", None)
+    if not callable(probe):
+        return None
+    found: Mapping[str, str] = probe()
+    return found
+
+
+__all__ = [
+    "BedAddress",
+    "Captured",
+    "CommandResult",
+    "LocalTransport",
+    "Transport",
+    "host_environment",
+    "transport_for",
+]

@@ -1,0 +1,673 @@
+"""The SSH transport: bed commands on another host over one reused, host-key-checked connection.
+
+Every command is sent as one shell line in which each token is `shlex.quote`d:
+
+    cd <approot> && env -i NAME=value ... timeout --kill-after=5 <secs> <argv...>
+
+so the remote shell never sees an unquoted argument, the bed command gets exactly the environment
+the farm chose (nothing of the SSH session's own: no agent socket, no SSH_* variables), and a
+dropped link cannot leave the command running past its deadline. A failure of the link, of the
+authentication or of the host key is a `transport_error` on the result (an infrastructure failure,
+retried elsewhere), never a model failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import math
+import os
+import re
+import select
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import paramiko
+
+from apg_farm.errors import BadInput, FarmError
+from apg_farm.transports.base import Captured, CommandResult
+from apg_farm.transports.capture import BoundedCapture
+
+#: Seconds the remote `timeout` waits after SIGTERM before it sends SIGKILL.
+KILL_AFTER = 5
+#: Seconds to open the TCP connection, read the banner and authenticate.
+DEFAULT_CONNECT_TIMEOUT = 15.0
+#: Seconds the host may leave our packets unacknowledged before the link counts as lost. The
+#: farm sends a keepalive every third of it, so a silent link is noticed even while a command
+#: prints nothing for an hour.
+DEFAULT_LINK_TIMEOUT = 30.0
+#: Seconds past a command's timeout + KILL_AFTER after which the farm stops waiting for the host.
+DEADLINE_SLACK = 10.0
+#: Seconds to wait, once the command exited, for leftovers of it to release its output.
+DEFAULT_LINGER = 2.0
+#: Limit for the farm's own small commands on the host (reading a file, listing a folder).
+HELPER_TIMEOUT = 60.0
+
+_READ_SIZE = 1 << 16
+_TICK = 0.05
+#: Chunks read per stream before the deadline is looked at again (a bed can print very fast).
+_CHUNKS_PER_TURN = 64
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}")
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?")
+
+
+class SshError(FarmError):
+    """The bed's host could not be reached, or refused us, over SSH."""
+
+
+class HostKeyUnknown(SshError):
+    """The host offered a key that the bed's known_hosts file does not list."""
+
+
+class HostKeyChanged(SshError):
+    """The host offered a key other than the one pinned for it: possibly not the host at all."""
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and as whom a bed's host is reached."""
+
+    host: str
+    user: str
+    #: The known_hosts file holding (or about to hold) this host's key.
+    known_hosts: str
+    port: int = 22
+    #: The private key to authenticate with; None tries the farm user's ~/.ssh/id_* keys.
+    identity_file: str | None = None
+
+    @property
+    def label(self) -> str:
+        """`user@host:port`, for messages."""
+        return f"{self.user}@{format_host_port(self.host, self.port)}"
+
+    @property
+    def host_key_name(self) -> str:
+        """The name this host's key is filed under in known_hosts (OpenSSH's convention)."""
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+
+class SshBed(Protocol):
+    """The fields of a bed row that say how to reach it over SSH."""
+
+    name: str
+    host: str | None
+    ssh_user: str | None
+    ssh_port: int | None
+    identity_file: str | None
+    known_hosts: str | None
+
+
+def target_of(bed: SshBed) -> SshTarget:
+    """The SSH target of an enrolled bed; a row missing its address is a configuration error."""
+    if not bed.host or not bed.ssh_user or not bed.known_hosts:
+        raise BadInput(
+            f"bed {bed.name} uses SSH but has no host, user or known_hosts file recorded",
+            fix="enrol it again with `apg-farm bed add NAME --ssh user@host ...`",
+        )
+    return SshTarget(
+        host=bed.host,
+        user=bed.ssh_user,
+        port=bed.ssh_port or 22,
+        identity_file=bed.identity_file,
+        known_hosts=bed.known_hosts,
+    )
+
+
+def format_host_port(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_ssh_address(text: str, *, field: str = "--ssh") -> tuple[str, str, int]:
+    """`user@host[:port]` (IPv6 as `user@[addr]:port`) -> (user, host, port)."""
+    fix = "write it as user@host or user@host:port, e.g. apg@bedhost-1:22"
+    user, at, rest = text.partition("@")
+    if not at or not _USER.fullmatch(user) or user.startswith("-"):
+        raise BadInput(f"{text!r} does not start with a user name and '@'", field=field, fix=fix)
+    port_text = ""
+    if rest.startswith("["):
+        host, close, tail = rest[1:].partition("]")
+        if not close or not _IPV6.fullmatch(host) or (tail and not tail.startswith(":")):
+            raise BadInput(f"{text!r}: malformed [IPv6] address", field=field, fix=fix)
+        port_text = tail[1:]
+    else:
+        host, _, port_text = rest.partition(":")
+        if not _HOST.fullmatch(host):
+            raise BadInput(
+                f"{text!r}: {host!r} is not a host name or address", field=field, fix=fix
+            )
+    port = 22
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise BadInput(f"{text!r}: port {port_text!r} is not 1-65535", field=field, fix=fix)
+        port = int(port_text)
+    return user, host, port
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's form: `ssh-ed25519 SHA256:...`."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"{key.get_name()} SHA256:{digest}"
+
+
+# -- host keys -----------------------------------------------------------------------------------
+
+
+class _RefuseUnknown(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+    """Refuse a host whose key is not pinned, saying how to pin it."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        t = self.target
+        port = f" -p {t.port}" if t.port != 22 else ""
+        raise HostKeyUnknown(
+            f"the host key of {t.host_key_name} ({fingerprint(key)}) is not in {t.known_hosts}; "
+            "refusing to connect to an unknown host",
+            fix=(
+                "compare that fingerprint with the host's own (`ssh-keygen -lf "
+                "/etc/ssh/ssh_host_ed25519_key.pub` run on the host), then add the bed again with "
+                f"--trust-host-key to pin it, or append `ssh-keyscan{port} {t.host}` to {t.known_hosts}"
+            ),
+        )
+
+
+class _PinOnFirstUse(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+    """Trust on first use: write the host's key to the bed's known_hosts file, and say so."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+        self.pinned: str | None = None
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        path = Path(self.target.known_hosts)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size and not path.read_bytes().endswith(b"\n"):
+                line = "\n" + line
+            os.write(fd, line.encode("ascii"))
+        finally:
+            os.close(fd)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.pinned = f"pinned the host key of {hostname} ({fingerprint(key)}) in {path}"
+
+
+# -- the remote command line ---------------------------------------------------------------------
+
+
+def remote_command(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    timeout: float,
+    kill_after: int = KILL_AFTER,
+) -> str:
+    """The one shell line that runs `argv` on the host; raises ValueError for what cannot be sent.
+
+    Every token is quoted, names included, so nothing in an argument, a path or a value is ever
+    read by the remote shell as syntax.
+    """
+    if not argv:
+        raise ValueError("empty command line")
+    if not cwd.startswith("/"):
+        raise ValueError(f"the working directory {cwd!r} is not an absolute path")
+    for name in env:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"environment variable name {name!r} cannot be passed to a shell")
+    if any("\x00" in token for token in (*argv, cwd, *env.values())):
+        raise ValueError("a command argument, path or value contains a NUL byte")
+    seconds = max(1, math.ceil(timeout))
+    assignments = [shlex.quote(f"{name}={env[name]}") for name in sorted(env)]
+    return " ".join(
+        [
+            "cd",
+            shlex.quote(cwd),
+            "&&",
+            "env",
+            "-i",
+            *assignments,
+            "timeout",
+            f"--kill-after={int(kill_after)}",
+            str(seconds),
+            *(shlex.quote(token) for token in argv),
+        ]
+    )
+
+
+# -- the transport -------------------------------------------------------------------------------
+
+
+class SshTransport:
+    """Runs bed commands on one host over SSH; one connection per bed, re-opened after a drop."""
+
+    def __init__(
+        self,
+        target: SshTarget,
+        *,
+        trust_host_key: bool = False,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        link_timeout: float = DEFAULT_LINK_TIMEOUT,
+        linger: float = DEFAULT_LINGER,
+        kill_after: int = KILL_AFTER,
+    ) -> None:
+        self.target = target
+        self.trust_host_key = trust_host_key
+        self.connect_timeout = connect_timeout
+        self.link_timeout = link_timeout
+        self.linger = linger
+        self.kill_after = kill_after
+        #: Set when --trust-host-key wrote the host's key to known_hosts: the sentence to show.
+        self.pinned: str | None = None
+        #: How many connections were opened (a reconnect after a drop adds one).
+        self.connections = 0
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        self._host_env: dict[str, str] | None = None
+
+    # connection ---------------------------------------------------------------------------------
+
+    def connect(self) -> paramiko.Transport:
+        """The live connection, opened (or re-opened after a drop) when needed; raises SshError."""
+        with self._lock:
+            if self._client is not None:
+                live = self._client.get_transport()
+                if live is not None and live.is_active():
+                    return live
+                self._drop_locked()
+            client = self._open()
+            self._client = client
+            self.connections += 1
+            live = client.get_transport()
+            assert live is not None
+            return live
+
+    def close(self) -> None:
+        """Close the connection; the next command opens a new one."""
+        with self._lock:
+            self._drop_locked()
+
+    def _drop_locked(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+        self._client = None
+
+    def _open(self) -> paramiko.SSHClient:
+        t = self.target
+        client = paramiko.SSHClient()
+        if Path(t.known_hosts).is_file():
+            try:
+                client.load_host_keys(t.known_hosts)
+            except (OSError, paramiko.SSHException) as error:
+                raise SshError(
+                    f"cannot read known_hosts file {t.known_hosts}: {error}",
+                    fix="check the file, or give another with --known-hosts",
+                ) from None
+        policy = _PinOnFirstUse(t) if self.trust_host_key else _RefuseUnknown(t)
+        client.set_missing_host_key_policy(policy)
+        sock = self._socket()
+        try:
+            client.connect(
+                hostname=t.host,
+                port=t.port,
+                username=t.user,
+                key_filename=t.identity_file,
+                # Never the farm operator's agent: a bed host must not be able to use its keys.
+                allow_agent=False,
+                look_for_keys=t.identity_file is None,
+                sock=sock,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                channel_timeout=self.connect_timeout,
+            )
+        except SshError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as error:
+            client.close()
+            raise HostKeyChanged(
+                f"the host key of {t.host_key_name} changed: {t.known_hosts} has "
+                f"{fingerprint(error.expected_key)}, the host offered {fingerprint(error.key)}",
+                fix=(
+                    "do not connect until you know why; if the host was reinstalled, remove its "
+                    f"line with `ssh-keygen -R '{t.host_key_name}' -f {t.known_hosts}` and trust "
+                    "it again"
+                ),
+            ) from None
+        except paramiko.AuthenticationException as error:
+            client.close()
+            key = t.identity_file or "the keys in ~/.ssh"
+            raise SshError(
+                f"{t.label} refused authentication with {key}: {error}",
+                fix=f"add the public key to ~{t.user}/.ssh/authorized_keys on the host, or give --identity",
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            client.close()
+            raise SshError(f"SSH to {t.label} failed: {_describe(error)}") from None
+        if isinstance(policy, _PinOnFirstUse) and policy.pinned:
+            self.pinned = policy.pinned
+        live = client.get_transport()
+        assert live is not None
+        live.set_keepalive(max(1, int(self.link_timeout / 3)))
+        return client
+
+    def _socket(self) -> socket.socket:
+        t = self.target
+        try:
+            sock = socket.create_connection((t.host, t.port), timeout=self.connect_timeout)
+        except OSError as error:
+            raise SshError(
+                f"cannot connect to {format_host_port(t.host, t.port)}: {_describe(error)}",
+                fix="check that the host is up, sshd listens on that port and no firewall is in the way",
+            ) from None
+        _tune_socket(sock, self.link_timeout)
+        return sock
+
+    def _session(self) -> paramiko.Channel:
+        """A new channel; a connection found dead on the way is replaced once."""
+        for attempt in (1, 2):
+            live = self.connect()
+            try:
+                return live.open_session(timeout=self.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as error:
+                self.close()
+                if attempt == 2:
+                    raise SshError(
+                        f"cannot open a session on {self.target.label}: {_describe(error)}"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    # commands -----------------------------------------------------------------------------------
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        timeout: float,
+        stdout_limit: int,
+        stderr_limit: int,
+    ) -> CommandResult:
+        """Run `argv` on the host in `cwd` with exactly `env`; failures are reported, not raised."""
+        argv_t = tuple(argv)
+        started = time.monotonic()
+        try:
+            command = remote_command(
+                argv_t, cwd=cwd, env=env, timeout=timeout, kill_after=self.kill_after
+            )
+        except ValueError as error:
+            return _not_started(argv_t, f"cannot run {argv_t[:1]!r} over SSH: {error}", started)
+        return self._execute(
+            argv_t,
+            command,
+            timeout=timeout,
+            stdout_limit=stdout_limit,
+            stderr_limit=stderr_limit,
+            started=started,
+            wrapped=True,
+        )
+
+    def _execute(
+        self,
+        argv: tuple[str, ...],
+        command: str,
+        *,
+        timeout: float,
+        stdout_limit: int,
+        stderr_limit: int,
+        started: float,
+        wrapped: bool,
+    ) -> CommandResult:
+        try:
+            channel = self._session()
+            channel.exec_command(command)
+        except SshError as error:
+            return _not_started(argv, error.render(), started)
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            self.close()
+            return _not_started(
+                argv, f"SSH to {self.target.label} failed: {_describe(error)}", started
+            )
+        out, err = BoundedCapture(stdout_limit), BoundedCapture(stderr_limit)
+        deadline = started + max(timeout, 0.0) + self.kill_after + DEADLINE_SLACK
+        try:
+            ending = self._pump(channel, out, err, deadline)
+            status = channel.exit_status if channel.status_event.is_set() else None
+        finally:
+            with contextlib.suppress(Exception):
+                channel.close()
+        duration = time.monotonic() - started
+        rc: int | None = status
+        timed_out = False
+        problem: str | None = None
+        if ending == "deadline":
+            timed_out, rc = True, None
+            if not self._alive():
+                problem = f"link to {self.target.label} lost: no answer before the deadline"
+                self.close()
+        elif ending == "lost":
+            rc = None
+            if self._alive():
+                problem = f"the command on {self.target.label} ended without an exit status"
+            else:
+                problem = f"link to {self.target.label} lost during the command"
+                self.close()
+        elif wrapped and status in (124, 128 + 9) and duration >= timeout * 0.98:
+            # The remote `timeout` stopped it: the same as the local transport's deadline.
+            timed_out, rc = True, None
+        return CommandResult(
+            argv=argv,
+            rc=rc,
+            stdout=out.result(),
+            stderr=err.result(),
+            duration=duration,
+            timed_out=timed_out,
+            transport_error=problem,
+        )
+
+    def _alive(self) -> bool:
+        client = self._client
+        live = client.get_transport() if client is not None else None
+        return live is not None and live.is_active()
+
+    def _pump(
+        self, channel: paramiko.Channel, out: BoundedCapture, err: BoundedCapture, deadline: float
+    ) -> str:
+        """Read both streams until the command exits ("exited"), the link goes ("lost") or the
+        deadline passes ("deadline")."""
+        exited_at: float | None = None
+        while True:
+            drained = _drain(channel, out, err)
+            now = time.monotonic()
+            if channel.status_event.is_set():
+                exited_at = exited_at if exited_at is not None else now
+                settled = channel.eof_received and not channel.recv_ready()
+                if channel.closed or settled or now - exited_at >= self.linger:
+                    _drain(channel, out, err)
+                    return "exited"
+            elif channel.closed:
+                _drain(channel, out, err)
+                return "exited" if channel.status_event.is_set() else "lost"
+            if now >= deadline:
+                return "deadline"
+            if drained:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                select.select([channel], [], [], min(_TICK, max(deadline - now, 0.0)))
+
+    # files --------------------------------------------------------------------------------------
+
+    def _helper(self, argv: tuple[str, ...], command: str, limit: int) -> CommandResult:
+        return self._execute(
+            argv,
+            f"timeout --kill-after={self.kill_after} {int(HELPER_TIMEOUT)} sh -c {shlex.quote(command)}",
+            timeout=HELPER_TIMEOUT,
+            stdout_limit=limit,
+            stderr_limit=4096,
+            started=time.monotonic(),
+            wrapped=False,
+        )
+
+    def read_file(self, path: str, *, limit: int) -> bytes | None:
+        """At most `limit` bytes of a regular file on the host; None when missing, unreadable, not
+        regular, or a symlink (dd's nofollow: the bed cannot point the farm at another file)."""
+        if not path.startswith("/") or "\x00" in path or limit <= 0:
+            return None
+        quoted = shlex.quote(path)
+        command = (
+            f"test -f {quoted} && exec dd {shlex.quote('if=' + path)} "
+            f"iflag=nofollow,count_bytes count={int(limit)} bs=65536 status=none"
+        )
+        result = self._helper(("read_file", path), command, limit)
+        if result.rc != 0 or result.transport_error or result.stdout.truncated:
+            return None
+        return result.stdout.data
+
+    def list_dir(self, path: str) -> list[str] | None:
+        """Sorted entry names of a directory on the host; None when missing or unreadable."""
+        if not path.startswith("/") or "\x00" in path:
+            return None
+        quoted = shlex.quote(path)
+        command = (
+            f"test -d {quoted} && exec find -H {quoted} -mindepth 1 -maxdepth 1 -printf '%f\\0'"
+        )
+        result = self._helper(("list_dir", path), command, 8 << 20)
+        if result.rc != 0 or result.transport_error or result.stdout.truncated:
+            return None
+        return sorted(os.fsdecode(name) for name in result.stdout.data.split(b"\0") if name)
+
+    def host_environment(self) -> Mapping[str, str]:
+        """The host's own login environment (PATH, HOME, ...): bed commands take their allow-listed
+        part from here, not from the farm's host. Empty while the host cannot be reached."""
+        if self._host_env is not None:
+            return self._host_env
+        result = self._helper(("env",), "exec env", 1 << 20)
+        if result.rc != 0 or result.transport_error:
+            return {}
+        found: dict[str, str] = {}
+        for line in result.stdout.text().splitlines():
+            name, sep, value = line.partition("=")
+            if sep and _ENV_NAME.fullmatch(name):
+                found[name] = value
+        self._host_env = found
+        return found
+
+    def check(self, *, approot: str, ddev: str) -> tuple[str, str]:
+        """Reach the host and find the bed there: (approot resolved, ddev resolved).
+
+        Raises SshError when the host cannot be reached and BadInput naming the flag to change
+        when the approot or ddev is not there.
+        """
+        self.connect()
+        script = (
+            'cd -- "$1" 2>/dev/null || { echo "no directory $1" >&2; exit 3; }; pwd -P; '
+            'case $2 in */*) test -f "$2" && test -x "$2" || { echo "$2 is not executable" >&2; '
+            'exit 4; }; echo "$2";; *) command -v -- "$2" || { echo "$2 is not on PATH" >&2; '
+            "exit 4; };; esac"
+        )
+        argv = ("/bin/sh", "-c", script, "sh", approot, ddev)
+        result = self.run(
+            argv,
+            cwd="/",
+            env=_allowed(self.host_environment()),
+            timeout=HELPER_TIMEOUT,
+            stdout_limit=1 << 16,
+            stderr_limit=1 << 16,
+        )
+        if result.transport_error:
+            raise SshError(result.transport_error)
+        if result.rc == 3:
+            raise BadInput(
+                f"{approot} is not a directory on {self.target.label}",
+                field="--approot",
+                fix="give the bed's DDEV project folder on that host",
+            )
+        if result.rc == 4:
+            raise BadInput(
+                f"{ddev!r} is not an executable on {self.target.label}",
+                field="--ddev",
+                fix="install DDEV there or give --ddev /path/to/ddev on that host",
+            )
+        lines = result.stdout.text().splitlines()
+        if result.rc != 0 or len(lines) < 2:
+            raise SshError(
+                f"checking the bed on {self.target.label} failed (exit {result.rc}): "
+                f"{result.stderr.text().strip()[:200]}"
+            )
+        return lines[0].strip(), lines[-1].strip()
+
+
+def _allowed(env: Mapping[str, str]) -> dict[str, str]:
+    return {name: env[name] for name in ("PATH", "HOME", "USER", "LOGNAME") if name in env}
+
+
+def _drain(channel: paramiko.Channel, out: BoundedCapture, err: BoundedCapture) -> bool:
+    """Move what arrived into the captures; True when anything was read."""
+    got = False
+    for _ in range(_CHUNKS_PER_TURN):
+        moved = False
+        if channel.recv_ready():
+            out.feed(channel.recv(_READ_SIZE))
+            moved = True
+        if channel.recv_stderr_ready():
+            err.feed(channel.recv_stderr(_READ_SIZE))
+            moved = True
+        if not moved:
+            break
+        got = True
+    return got
+
+
+def _tune_socket(sock: socket.socket, link_timeout: float) -> None:
+    """Make the kernel give up on a silent link after `link_timeout` instead of many minutes."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    options: list[tuple[str, int]] = [
+        # Small request/answer packets (opening a session): no 40 ms Nagle delay on each.
+        ("TCP_NODELAY", 1),
+        ("TCP_USER_TIMEOUT", int(link_timeout * 1000)),
+        ("TCP_KEEPIDLE", max(1, int(link_timeout / 3))),
+        ("TCP_KEEPINTVL", max(1, int(link_timeout / 3))),
+        ("TCP_KEEPCNT", 3),
+    ]
+    for name, value in options:
+        option = getattr(socket, name, None)
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text.splitlines()[0][:300]
+
+
+def _not_started(argv: tuple[str, ...], error: str, started: float) -> CommandResult:
+    empty = Captured(data=b"", total=0, truncated=False)
+    return CommandResult(
+        argv=argv,
+        rc=None,
+        stdout=empty,
+        stderr=empty,
+        duration=time.monotonic() - started,
+        transport_error=error,
+    )
