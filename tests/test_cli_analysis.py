@@ -88,6 +88,8 @@ def test_check_passes_its_own_baseline_and_fails_a_weaker_model(
     assert verdict["ok"] is False and verdict["failures"]
     out, _ = cli("baseline", "list", "--dir", str(tmp_path))
     assert "base-ref" in out and "yes" in out
+    against = json.loads(cli("compare", str(path), "weak", "--format", "json")[0])
+    assert against["a"].startswith("baseline base-ref") and against["b"].startswith("sweep weak")
 
 
 def test_report_formats(cli: Cli, tmp_path: Path) -> None:
