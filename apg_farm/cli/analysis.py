@@ -297,8 +297,7 @@ def check_cmd(
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="text or json")] = "text",
 ) -> None:
-    """Regression gate: exit 1 on a regression, a new indispensable failure, or evidence that
-    does not verify; 0 when the candidate holds up; 2 on bad input."""
+    """Regression gate: exit 0 if the candidate holds up, 1 on a regression, a new indispensable failure or evidence that does not verify, 2 on bad input."""
     if fmt not in ("text", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
     gates = baselines.parse_indispensable(indispensable or [])

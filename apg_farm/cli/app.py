@@ -38,7 +38,6 @@ sweep_app = typer.Typer(help="Submit, watch and cancel sweeps.", no_args_is_help
 db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
-analysis_cli.register(app)
 app.add_typer(db_app, name="db")
 
 
@@ -313,6 +312,9 @@ def sweep_resume(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]
 app.command("worker")(distributed.worker_cmd)
 app.command("scheduler")(distributed.scheduler_cmd)
 db_app.command("upgrade")(distributed.db_upgrade_cmd)
+
+
+analysis_cli.register(app)
 
 
 def main() -> None:
