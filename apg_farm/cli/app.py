@@ -12,12 +12,14 @@ from rich.table import Table
 
 from apg_farm.beds import NewBed, add_bed, get_bed, list_beds, release_bed
 from apg_farm.cli import analysis as analysis_cli
-from apg_farm.cli import distributed
+from apg_farm.cli import distributed, remote
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
+from apg_farm.escrow import record_escrow_set
 from apg_farm.outcomes import Outcome
 from apg_farm.queues import pool_queue
+from apg_farm.remote_beds import set_docker_host
 from apg_farm.report import find_sweep, sweep_report
 from apg_farm.seal import refuse_if_sealed
 from apg_farm.specs import load_sweep
@@ -38,6 +40,7 @@ sweep_app = typer.Typer(help="Submit, watch and cancel sweeps.", no_args_is_help
 db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
+remote.register(app, bed_app)
 app.add_typer(db_app, name="db")
 
 
@@ -76,8 +79,45 @@ def bed_add(
         list[str] | None,
         typer.Option("--env", help="NAME=VALUE given to every bed command (no secrets)."),
     ] = None,
+    ssh: Annotated[
+        str | None, typer.Option("--ssh", help="user@host[:port]: the bed is on that host.")
+    ] = None,
+    identity: Annotated[Path | None, typer.Option("--identity", help="SSH private key.")] = None,
+    known_hosts: Annotated[
+        Path | None,
+        typer.Option(
+            "--known-hosts", help="known_hosts file (default: $APG_FARM_HOME/known_hosts)."
+        ),
+    ] = None,
+    trust_host_key: Annotated[
+        bool, typer.Option("--trust-host-key", help="Pin an unknown host key on first use.")
+    ] = False,
+    docker_host: Annotated[
+        str | None, typer.Option("--docker-host", help="Docker engine for the mounts check.")
+    ] = None,
 ) -> None:
-    """Enrol a local bed."""
+    """Enrol a bed: on this machine, or on another host with --ssh."""
+    if ssh is not None:
+        remote.add_ssh_bed(
+            name=name,
+            ssh=ssh,
+            approot=str(approot),
+            ddev=ddev,
+            fixtures=_split(fixtures, "--fixtures"),
+            escrow_set=str(escrow_set) if escrow_set else None,
+            env=_env_pairs(env or []),
+            identity=identity,
+            known_hosts=known_hosts,
+            trust_host_key=trust_host_key,
+            docker_host=docker_host,
+        )
+        return
+    if identity or known_hosts or trust_host_key:
+        raise BadInput(
+            "only for a bed on another host",
+            field="--identity/--known-hosts/--trust-host-key",
+            fix="add --ssh user@host",
+        )
     store = open_store()
     row = add_bed(
         store,
@@ -90,8 +130,12 @@ def bed_add(
             env=_env_pairs(env or []),
         ),
     )
+    if docker_host:
+        set_docker_host(store, row.name, docker_host)
     out.print(f"bed {row.name} added to pool {row.pool} ({row.approot})")
-    if row.escrow_set is None:
+    if row.escrow_set is not None:
+        record_escrow_set(store, row, row.escrow_set)
+    else:
         err.print(
             "[yellow]warning:[/] no --escrow-set: verification will use `ddev ai-eval-verify`, which an "
             "agent can rewrite. Run `ddev ai-eval-escrow` on the bed and enrol its path for unattended runs."

@@ -7,9 +7,8 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import func, select
 
-from apg_farm import maintenance
-from apg_farm.beds import record_event
 from apg_farm.cli.common import err
+from apg_farm.mounts import doctor_bed
 from apg_farm.store import Attempt, AttemptState, Bed, Store
 from workers.embedded import EmbeddedExecutor
 from workers.engine import AttemptReport
@@ -70,6 +69,14 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
 
 
 def bed_doctor(store: Store, bed: Bed) -> tuple[bool, dict[str, Any]]:
-    healthy, verdict = maintenance.doctor(bed)
-    record_event(store, bed.id, "doctor", "healthy" if healthy else f"unhealthy: {verdict}"[:2000])
+    """APG's doctor verdict and the effective mounts check; a refused bed is quarantined."""
+    healthy, verdict = doctor_bed(store, bed)
+    mounts = verdict["effective_mounts"]
+    if not mounts["checked"]:
+        err.print(f"[yellow]warning:[/] effective mounts not checked: {mounts['reason']}")
+    for finding in mounts["findings"]:
+        if finding["refused"]:
+            err.print(f"[red]refused:[/] {finding['detail']}")
+        elif finding["kind"] in ("outside_project", "ssh_agent"):
+            err.print(f"[yellow]note:[/] {finding['detail']}")
     return healthy, verdict

@@ -187,14 +187,20 @@ class _RefuseUnknown(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
 class _PinOnFirstUse(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
     """Trust on first use: write the host's key to the bed's known_hosts file, and say so."""
 
-    def __init__(self, target: SshTarget) -> None:
+    def __init__(self, target: SshTarget, *, write: bool = True) -> None:
         self.target = target
+        self.write = write
         self.pinned: str | None = None
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
         path = Path(self.target.known_hosts)
+        if not self.write:
+            # A dry run: accept for this connection only, and say what a real run would pin.
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            self.pinned = f"would pin the host key of {hostname} ({fingerprint(key)}) in {path}"
+            return
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -262,6 +268,7 @@ class SshTransport:
         target: SshTarget,
         *,
         trust_host_key: bool = False,
+        pin_to_file: bool = True,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         link_timeout: float = DEFAULT_LINK_TIMEOUT,
         linger: float = DEFAULT_LINGER,
@@ -269,6 +276,8 @@ class SshTransport:
     ) -> None:
         self.target = target
         self.trust_host_key = trust_host_key
+        #: False for a dry run: a key trusted on first use is not written to known_hosts.
+        self.pin_to_file = pin_to_file
         self.connect_timeout = connect_timeout
         self.link_timeout = link_timeout
         self.linger = linger
@@ -320,7 +329,9 @@ class SshTransport:
                     f"cannot read known_hosts file {t.known_hosts}: {error}",
                     fix="check the file, or give another with --known-hosts",
                 ) from None
-        policy = _PinOnFirstUse(t) if self.trust_host_key else _RefuseUnknown(t)
+        policy = (
+            _PinOnFirstUse(t, write=self.pin_to_file) if self.trust_host_key else _RefuseUnknown(t)
+        )
         client.set_missing_host_key_policy(policy)
         sock = self._socket()
         try:
@@ -451,7 +462,7 @@ class SshTransport:
         deadline = started + max(timeout, 0.0) + self.kill_after + DEADLINE_SLACK
         try:
             ending = self._pump(channel, out, err, deadline)
-            status = channel.exit_status if channel.status_event.is_set() else None
+            status = channel.exit_status if _has_status(channel) else None
         finally:
             with contextlib.suppress(Exception):
                 channel.close()
@@ -498,7 +509,7 @@ class SshTransport:
         while True:
             drained = _drain(channel, out, err)
             now = time.monotonic()
-            if channel.status_event.is_set():
+            if _has_status(channel):
                 exited_at = exited_at if exited_at is not None else now
                 settled = channel.eof_received and not channel.recv_ready()
                 if channel.closed or settled or now - exited_at >= self.linger:
@@ -506,7 +517,7 @@ class SshTransport:
                     return "exited"
             elif channel.closed:
                 _drain(channel, out, err)
-                return "exited" if channel.status_event.is_set() else "lost"
+                return "exited" if _has_status(channel) else "lost"
             if now >= deadline:
                 return "deadline"
             if drained:
@@ -618,6 +629,11 @@ class SshTransport:
 
 def _allowed(env: Mapping[str, str]) -> dict[str, str]:
     return {name: env[name] for name in ("PATH", "HOME", "USER", "LOGNAME") if name in env}
+
+
+def _has_status(channel: paramiko.Channel) -> bool:
+    """True once the host sent the command's exit status (paramiko also sets the event on close)."""
+    return bool(channel.status_event.is_set() and channel.exit_status >= 0)
 
 
 def _drain(channel: paramiko.Channel, out: BoundedCapture, err: BoundedCapture) -> bool:
