@@ -24,6 +24,9 @@ from apg_farm.analysis import GRADED, analyse
 from apg_farm.envelope import SCHEMA_VERSION, _validator
 from apg_farm.store import Attempt, Execution, Store, Sweep, utcnow
 
+#: Envelopes read per transaction.
+_BATCH = 200
+
 #: The aggregate metric, namespaced as the schema asks for benchmark-specific ids.
 METRIC_ID = "apg_farm.pass_rate"
 
@@ -161,8 +164,8 @@ def export_eee(store: Store, sweep: Sweep, directory: Path) -> Exported:
     """Write the export; envelopes that do not validate any more are left out and named."""
     result = Exported()
     with store.session() as session:
-        rows = session.execute(
-            select(Attempt.task, Attempt.model, Attempt.trial, Execution.number, Execution.envelope)
+        graded = session.execute(
+            select(Execution.id, Attempt.task, Attempt.model, Attempt.trial, Execution.number)
             .join(Execution, Execution.attempt_id == Attempt.id)
             .where(
                 Attempt.sweep_id == sweep.id,
@@ -172,18 +175,30 @@ def export_eee(store: Store, sweep: Sweep, directory: Path) -> Exported:
             )
             .order_by(Attempt.task, Attempt.model, Attempt.trial, Execution.number)
         ).all()
-    for task, model, trial, number, envelope in rows:
-        data = bytes(envelope or b"")
-        name = f"{task} {model} trial {trial} execution {number}"
-        try:
-            problems = schema_errors(json.loads(data))
-        except ValueError as error:
-            problems = [f"not JSON: {error}"]
-        if problems:
-            result.skipped.append(f"{name}: {problems[0]}")
-            continue
-        _write(directory / "attempts" / task / model_slug(model) / f"trial-{trial}.json", data)
-        result.attempts += 1
+    # Envelopes are read a batch at a time, in short transactions: a big sweep holds gigabytes.
+    for offset in range(0, len(graded), _BATCH):
+        batch = graded[offset : offset + _BATCH]
+        with store.session() as session:
+            envelopes = {
+                execution_id: envelope
+                for execution_id, envelope in session.execute(
+                    select(Execution.id, Execution.envelope).where(
+                        Execution.id.in_([row.id for row in batch])
+                    )
+                )
+            }
+        for execution_id, task, model, trial, number in batch:
+            data = bytes(envelopes.get(execution_id) or b"")
+            name = f"{task} {model} trial {trial} execution {number}"
+            try:
+                problems = schema_errors(json.loads(data))
+            except ValueError as error:
+                problems = [f"not JSON: {error}"]
+            if problems:
+                result.skipped.append(f"{name}: {problems[0]}")
+                continue
+            _write(directory / "attempts" / task / model_slug(model) / f"trial-{trial}.json", data)
+            result.attempts += 1
     analysis = analyse(store, sweep)
     now_epoch = int(utcnow().timestamp())
     for cell in analysis["cells"]:

@@ -25,6 +25,9 @@ from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store, 
 
 FORMAT = "apg-farm-seal/1"
 
+#: Rows read at a time while hashing.
+_BATCH = 200
+
 
 class SealedSweep(BadInput):
     """The sweep is sealed: its evidence is closed and it takes no new executions."""
@@ -100,7 +103,9 @@ def session_artifacts(session: Session, sweep_id: int) -> dict[str, str]:
         .join(Attempt, Attempt.id == Execution.attempt_id)
         .join(Bed, Bed.id == Execution.bed_id)
         .where(Attempt.sweep_id == sweep_id)
-    ).all()
+        # Streamed: a big sweep holds gigabytes of envelopes and outputs, hashed one at a time.
+        .execution_options(yield_per=_BATCH)
+    )
     exec_names = {}
     for execution, bed in executions:
         name = f"{names[execution.attempt_id]}/execution[{execution.number}]"
@@ -128,7 +133,8 @@ def session_artifacts(session: Session, sweep_id: int) -> dict[str, str]:
         .join(Attempt, Attempt.id == Execution.attempt_id)
         .where(Attempt.sweep_id == sweep_id)
         .order_by(Phase.execution_id, Phase.id)
-    ).all()
+        .execution_options(yield_per=_BATCH)
+    )
     position: dict[int, int] = {}
     for phase in phases:
         position[phase.execution_id] = position.get(phase.execution_id, 0) + 1
