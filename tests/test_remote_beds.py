@@ -24,6 +24,14 @@ SECRET = "hunter2-farm-secret"
 
 
 @pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    """SQLite only, for tests whose subject is the bed, not the store."""
+    store = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+    yield store
+    store.dispose()
+
+
+@pytest.fixture
 def ssh_host(tmp_path: Path) -> Iterator[SshHost]:
     """A real sshd on a loopback port whose host key the farm has pinned."""
     host = start_sshd(tmp_path / "sshd", extra_config=remote_config(tmp_path / "remote-home"))
@@ -53,7 +61,7 @@ def test_sweep_over_ssh_equals_the_same_sweep_run_locally(
     # Given two beds enrolled over SSH (provisioned and escrowed on their host)
     beds = remote_beds(store, tmp_path / "remote", ssh_host, ["r0", "r1"])
     assert all(b.transport == "ssh" and b.escrow_files for b in beds)
-    sweep = spec("same", tasks=3, models=2, trials=1)
+    sweep = spec("same", tasks=3, models=1, trials=2)
     # When the sweep runs through them, and the same sweep runs on two local beds
     sweep_id = submit(store, sweep).sweep_id
     result = EmbeddedExecutor(store, sweep_id).run()
@@ -79,9 +87,10 @@ def test_sweep_over_ssh_equals_the_same_sweep_run_locally(
 
 
 def test_a_changed_escrow_set_quarantines_the_bed_naming_the_file(
-    store: Store, tmp_path: Path, ssh_host: SshHost
+    sqlite_store: Store, tmp_path: Path, ssh_host: SshHost
 ) -> None:
     """An escrow set edited after enrolment: the bed is quarantined before its verifier runs."""
+    store = sqlite_store
     r0, _ = remote_beds(store, tmp_path / "remote", ssh_host, ["r0", "r1"])
     assert r0.escrow_set is not None
     with open(Path(r0.escrow_set) / "escrow-verify.sh", "a") as verifier:
@@ -100,9 +109,10 @@ def test_a_changed_escrow_set_quarantines_the_bed_naming_the_file(
 
 
 def test_no_farm_setting_reaches_any_bed_command(
-    store: Store, tmp_path: Path, ssh_host: SshHost, monkeypatch: pytest.MonkeyPatch
+    sqlite_store: Store, tmp_path: Path, ssh_host: SshHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Database and broker URLs, the SSH key path and passwords reach no bed command, local or remote."""
+    store = sqlite_store
     # Given a worker whose environment holds every kind of farm secret
     identity = str(ssh_host.identity)
     secrets = {

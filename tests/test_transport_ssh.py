@@ -147,12 +147,12 @@ def test_timeout_stops_the_remote_command(host: SshHost, tmp_path: Path) -> None
     started = time.monotonic()
     result = run(
         SshTransport(target(host)),
-        ["sh", "-c", f"(sleep 3; touch {shlex.quote(str(marker))}) & sleep 30"],
+        ["sh", "-c", f"(sleep 2; touch {shlex.quote(str(marker))}) & sleep 30"],
         timeout=1,
     )
     assert result.timed_out and result.rc is None and result.transport_error is None  # type: ignore[attr-defined]
     assert time.monotonic() - started < 8
-    time.sleep(3)
+    time.sleep(max(0.0, started + 2.5 - time.monotonic()))
     assert not marker.exists()  # the background child died with the group
 
 
