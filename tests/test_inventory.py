@@ -199,3 +199,11 @@ def _beds(store: Store) -> list[object]:
     from apg_farm.beds import list_beds
 
     return list(list_beds(store))
+
+
+def test_the_example_inventory_is_valid() -> None:
+    """docs/examples/beds.yaml parses: every key it shows is one the farm accepts."""
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "beds.yaml"
+    inventory = load_inventory(example)
+    assert [b.name for b in inventory.beds] == ["bed-1", "bed-2", "bed-3", "bed-local"]
+    assert inventory.defaults.env == {"AI_PG_ESCROW_DIR": "/srv/apg-escrow"}

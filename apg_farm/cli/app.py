@@ -157,6 +157,8 @@ def bed_list(
                     "state": b.state,
                     "reason": b.state_reason,
                     "approot": b.approot,
+                    "transport": b.transport,
+                    "host": b.host,
                     "escrow_set": b.escrow_set,
                 }
                 for b in beds
@@ -174,7 +176,7 @@ def bed_list(
             b.pool,
             f"[{style}]{b.state}[/]" if style else b.state,
             b.state_reason or "",
-            b.approot,
+            b.approot if b.transport == "local" else f"{b.ssh_user}@{b.host}:{b.approot}",
             verifier,
         )
     out.print(table)
