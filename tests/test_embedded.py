@@ -138,7 +138,9 @@ def test_faults_are_contained_and_counts_reconcile(store: Store, tmp_path: Path)
     tampered = [e for e, name in executions if name == "bed1"]
     assert tampered[0].result == Outcome.TAMPERED and tampered[0].envelope is None
     with store.session() as session:
-        phases = session.scalars(select(Phase).where(Phase.execution_id == tampered[0].id)).all()
+        phases = session.scalars(
+            select(Phase).where(Phase.execution_id == tampered[0].id).order_by(Phase.id)
+        ).all()
         assert [p.name for p in phases][-1] == "verify_after"
         assert "APG_TAMPERED" in phases[-1].stderr
     # The skip task is SKIPPED wherever it was graded.
