@@ -19,7 +19,7 @@ from apg_farm.bedenv import bed_environment
 from apg_farm.errors import ContractViolation, FarmError, NotFound
 from apg_farm.outcomes import ESCROW_SET_MISSING
 from apg_farm.store import Bed, BedEvent, Store, utcnow
-from apg_farm.transports import CommandResult, Transport, host_environment, transport_for
+from apg_farm.transports import CommandResult, Transport, host_environment, transport_in_use
 
 #: The verifier's file name inside an escrow set (APG README, "Unattended runs").
 VERIFIER = "escrow-verify.sh"
@@ -131,7 +131,8 @@ def record_escrow_set(
 ) -> EscrowRecord:
     """Record an existing escrow set: its absolute path and the sha256 of every file in it."""
     path = _outside_project(bed, escrow_set)
-    files = hash_escrow_set(bed, path, transport=transport or transport_for(bed))
+    with transport_in_use(bed, transport) as used:
+        files = hash_escrow_set(bed, path, transport=used)
     with store.session() as session:
         row = session.scalar(select(Bed).where(Bed.id == bed.id).with_for_update())
         if row is None:
@@ -147,6 +148,6 @@ def enrol_escrow(
     store: Store, bed: Bed, *, force: bool = False, transport: Transport | None = None
 ) -> EscrowRecord:
     """Run `ddev ai-eval-escrow` on the bed's host, then record the set it printed."""
-    transport = transport or transport_for(bed)
-    path = maintenance.escrow(bed, force=force, transport=transport)
-    return record_escrow_set(store, bed, path, transport=transport)
+    with transport_in_use(bed, transport) as used:
+        path = maintenance.escrow(bed, force=force, transport=used)
+        return record_escrow_set(store, bed, path, transport=used)

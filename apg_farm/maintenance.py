@@ -12,7 +12,7 @@ from apg_farm.contract import PhaseOutput
 from apg_farm.defaults import PHASE_OUTPUT_LIMIT
 from apg_farm.errors import ContractViolation, FarmError
 from apg_farm.store import Bed
-from apg_farm.transports import CommandResult, Transport, host_environment, transport_for
+from apg_farm.transports import CommandResult, Transport, host_environment, transport_in_use
 
 #: Maintenance commands are rare and slow on a real bed (a provision can take many minutes).
 MAINTENANCE_TIMEOUT = 3600.0
@@ -41,15 +41,15 @@ def run_on_bed(
     timeout: float = MAINTENANCE_TIMEOUT,
 ) -> BedCommand:
     """Run one contract command with the bed's allow-listed environment, in its approot."""
-    transport = transport or transport_for(bed)
-    result = transport.run(
-        argv,
-        cwd=bed.approot,
-        env=bed_environment(base=host_environment(transport), extra=dict(bed.env)),
-        timeout=timeout,
-        stdout_limit=PHASE_OUTPUT_LIMIT,
-        stderr_limit=PHASE_OUTPUT_LIMIT,
-    )
+    with transport_in_use(bed, transport) as used:
+        result = used.run(
+            argv,
+            cwd=bed.approot,
+            env=bed_environment(base=host_environment(used), extra=dict(bed.env)),
+            timeout=timeout,
+            stdout_limit=PHASE_OUTPUT_LIMIT,
+            stderr_limit=PHASE_OUTPUT_LIMIT,
+        )
     return BedCommand(result, contract.read_output(result))
 
 

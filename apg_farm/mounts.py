@@ -25,7 +25,7 @@ from apg_farm.bedenv import is_credential_shaped
 from apg_farm.beds import quarantine_bed, record_event
 from apg_farm.settings import load_settings
 from apg_farm.store import Bed, Store
-from apg_farm.transports import Transport, transport_for
+from apg_farm.transports import Transport, transport_in_use
 
 #: Labels DDEV (docker compose) puts on a project's web container.
 SITE_LABEL = "com.ddev.site-name"
@@ -337,9 +337,9 @@ def check_bed_mounts(
     client_factory: Callable[[Bed, str], Any] = docker_client,
 ) -> MountsReport:
     """Inspect the bed's DDEV web container(s) and classify what they can see."""
-    transport = transport or transport_for(bed)
     url = docker_url(bed)
-    project = project_name(bed, transport)
+    with transport_in_use(bed, transport) as used:
+        project = project_name(bed, used)
     report = MountsReport(docker=url, project=project)
     client = None
     try:
@@ -398,14 +398,14 @@ def doctor_bed(
     A bed whose web container can see its escrow set or the host's credentials is refused: the
     result is unhealthy and the bed is quarantined with the reason.
     """
-    transport = transport or transport_for(bed)
-    healthy, verdict = maintenance.doctor(bed, transport=transport)
-    report = check_bed_mounts(
-        bed,
-        transport=transport,
-        farm_paths=farm_paths_for(bed, str(load_settings().home)),
-        client_factory=client_factory,
-    )
+    with transport_in_use(bed, transport) as used:
+        healthy, verdict = maintenance.doctor(bed, transport=used)
+        report = check_bed_mounts(
+            bed,
+            transport=used,
+            farm_paths=farm_paths_for(bed, str(load_settings().home)),
+            client_factory=client_factory,
+        )
     verdict = {**verdict, "effective_mounts": report.as_dict()}
     if report.refusals:
         healthy = False

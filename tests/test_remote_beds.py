@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,11 @@ def test_a_changed_escrow_set_quarantines_the_bed_naming_the_file(
     store = sqlite_store
     r0, _ = remote_beds(store, tmp_path / "remote", ssh_host, ["r0", "r1"])
     assert r0.escrow_set is not None
+    # Enrolment, provision and escrow closed the connections they opened.
+    deadline = time.monotonic() + 5
+    while ssh_host.session_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ssh_host.session_pids() == []
     with open(Path(r0.escrow_set) / "escrow-verify.sh", "a") as verifier:
         verifier.write("exit 0  # everything verifies now\n")
     sweep_id = submit(store, spec("after-edit", tasks=1, models=1, trials=2)).sweep_id
@@ -187,3 +193,19 @@ def _probe_verifier(store: Store, bed: Bed, probes: Path) -> None:
         'exec /usr/bin/bash "$(dirname "$0")/escrow-verify.real.sh" "$@"\n'
     )
     record_escrow_set(store, get_bed(store, bed.name), bed.escrow_set)
+
+
+def test_an_escrow_set_inside_the_project_is_refused(sqlite_store: Store, tmp_path: Path) -> None:
+    """The agent can rewrite anything in the project: an escrow set there is never recorded."""
+    import shutil
+
+    from apg_farm.errors import ContractViolation
+    from apg_farm.escrow import record_escrow_set
+
+    [bed] = make_beds(sqlite_store, tmp_path, 1)
+    assert bed.escrow_set is not None
+    inside = Path(bed.approot) / "private" / "escrow"
+    shutil.copytree(bed.escrow_set, inside)
+    with pytest.raises(ContractViolation, match="inside the project"):
+        record_escrow_set(sqlite_store, bed, str(inside))
+    assert get_bed(sqlite_store, bed.name).escrow_set == bed.escrow_set

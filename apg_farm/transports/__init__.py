@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Protocol
 
 from apg_farm.errors import BadInput
@@ -36,6 +37,22 @@ def transport_for(bed: BedAddress) -> Transport:
     )
 
 
+@contextmanager
+def transport_in_use(bed: BedAddress, transport: Transport | None = None) -> Iterator[Transport]:
+    """`transport` when given (its owner closes it), else a new one for the bed, closed afterwards
+    so a one-off command leaves no SSH connection behind."""
+    if transport is not None:
+        yield transport
+        return
+    fresh = transport_for(bed)
+    try:
+        yield fresh
+    finally:
+        close = getattr(fresh, "close", None)
+        if callable(close):
+            close()
+
+
 def host_environment(transport: Transport) -> Mapping[str, str] | None:
     """The environment of the bed's host that a bed command's allow-list is drawn from: over SSH
     the host's own login environment (its PATH and HOME, not the farm's), else None (this process's)."""
@@ -54,4 +71,5 @@ __all__ = [
     "Transport",
     "host_environment",
     "transport_for",
+    "transport_in_use",
 ]
