@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 
 from apg_farm.defaults import EXTRA_DELIVERIES
 from apg_farm.outcomes import Outcome
@@ -75,8 +76,11 @@ def claim_next(
 ) -> Claim | None:
     """Claim the next attempt this bed may run (or exactly `attempt_id`), or None."""
     with store.session() as session:
-        bed = session.get(Bed, bed_id)
+        # Lock the bed row: two claimers for one bed (two executors, a second worker) queue here.
+        bed = session.get(Bed, bed_id, with_for_update=not store.is_sqlite)
         if bed is None or bed.state != BedState.ACTIVE:
+            return None
+        if _busy(session, bed_id):
             return None
         query = (
             select(Attempt, Sweep)
@@ -151,6 +155,24 @@ def claim_next(
     return None
 
 
+def _busy(session: Session, bed_id: int) -> bool:
+    """True while the bed holds a live claim: a bed never runs two attempts at once.
+
+    A claim whose lease already ran out (its worker died) is given back first, so a restarted
+    worker need not wait for the reconciler.
+    """
+    held = session.scalars(
+        select(Attempt).where(Attempt.bed_id == bed_id, Attempt.state == AttemptState.RUNNING)
+    ).all()
+    now = utcnow()
+    for attempt in held:
+        if attempt.lease_expires_at is not None and attempt.lease_expires_at < now:
+            _requeue(session, [attempt.id])
+        else:
+            return True
+    return False
+
+
 def _finish_poisoned(attempt: Attempt, now: datetime) -> None:
     # Delivered again and again without finishing (a worker that dies on it): stop looping.
     attempt.state = AttemptState.DONE
@@ -191,18 +213,42 @@ def requeue_expired(store: Store) -> int:
         if not store.is_sqlite:
             query = query.with_for_update(skip_locked=True)
         ids = list(session.scalars(query))
-        if not ids:
-            return 0
+        _requeue(session, ids)
+        return len(ids)
+
+
+def _requeue(session: Session, ids: list[int]) -> None:
+    """Expired claims back to the queue; in a sweep no longer open they end CANCELLED instead."""
+    if not ids:
+        return
+    closed = set(
+        session.scalars(
+            select(Attempt.id)
+            .join(Sweep, Sweep.id == Attempt.sweep_id)
+            .where(Attempt.id.in_(ids), Sweep.state != SweepState.OPEN)
+        )
+    )
+    session.execute(
+        update(Attempt)
+        .where(Attempt.id.in_(ids), Attempt.state == AttemptState.RUNNING)
+        .values(state=AttemptState.QUEUED, bed_id=None, lease_expires_at=None, enqueued_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    if closed:
         session.execute(
             update(Attempt)
-            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.RUNNING)
-            .values(state=AttemptState.QUEUED, bed_id=None, lease_expires_at=None, enqueued_at=None)
+            .where(Attempt.id.in_(closed))
+            .values(
+                state=AttemptState.DONE,
+                outcome=Outcome.CANCELLED,
+                reason="sweep cancelled while the attempt's bed stopped answering",
+                finished_at=utcnow(),
+            )
             .execution_options(synchronize_session=False)
         )
-        session.execute(
-            update(Execution)
-            .where(Execution.attempt_id.in_(ids), Execution.result.is_(None))
-            .values(result="LOST", reason="lease expired: the bed or its worker stopped answering")
-            .execution_options(synchronize_session=False)
-        )
-        return len(ids)
+    session.execute(
+        update(Execution)
+        .where(Execution.attempt_id.in_(ids), Execution.result.is_(None))
+        .values(result="LOST", reason="lease expired: the bed or its worker stopped answering")
+        .execution_options(synchronize_session=False)
+    )

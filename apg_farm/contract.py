@@ -399,7 +399,7 @@ def discover_run_id(
     def read(run_id: str) -> Mapping[str, object] | None:
         try:
             return read_run_json(run_id)
-        except (OSError, ValueError, ContractViolation):
+        except (OSError, ValueError, RecursionError, ContractViolation):
             return None
 
     notes: list[str] = []

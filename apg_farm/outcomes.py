@@ -116,13 +116,19 @@ TOKENS: dict[str, TokenRule] = {
 }
 
 
-def effects(output: PhaseOutput) -> set[Effect]:
-    """The effects of the tokens a phase printed; unknown tokens mean nothing."""
-    return {TOKENS[t.name].effect for t in output.tokens if t.name in TOKENS}
+def _own(output: PhaseOutput, command: str) -> list[str]:
+    # Only the tokens this command prints count: a token of another command on its stderr (an
+    # agent echoing APG_RESET_UNTRACKED during its run, say) is recorded and means nothing.
+    return [t.name for t in output.tokens if t.name in TOKENS and TOKENS[t.name].command == command]
 
 
-def _token_list(output: PhaseOutput, effect: Effect) -> str:
-    names = [t.name for t in output.tokens if t.name in TOKENS and TOKENS[t.name].effect == effect]
+def effects(output: PhaseOutput, command: str) -> set[Effect]:
+    """The effects of the tokens `command` printed; unknown and foreign tokens mean nothing."""
+    return {TOKENS[name].effect for name in _own(output, command)}
+
+
+def _token_list(output: PhaseOutput, effect: Effect, command: str) -> str:
+    names = [name for name in _own(output, command) if TOKENS[name].effect == effect]
     return ", ".join(dict.fromkeys(names))
 
 
@@ -170,7 +176,7 @@ def _infrastructure(phase: str, output: PhaseOutput) -> Verdict | None:
 
 
 def _broken(phase: str, output: PhaseOutput) -> Verdict | None:
-    tokens = _token_list(output, Effect.BED_BROKEN)
+    tokens = _token_list(output, Effect.BED_BROKEN, phase)
     if tokens:
         return _retry(f"{phase}: {tokens}", quarantine=f"{phase} refused: {tokens}")
     return None
@@ -181,8 +187,8 @@ def judge_verify_before(output: PhaseOutput) -> Verdict:
     verdict = _infrastructure("verify", output) or _broken("verify", output)
     if verdict:
         return verdict
-    if Effect.TAMPER in effects(output):
-        detail = _token_list(output, Effect.TAMPER)
+    if Effect.TAMPER in effects(output, "verify"):
+        detail = _token_list(output, Effect.TAMPER, "verify")
         return _retry(
             f"verify before the attempt: {detail}",
             quarantine="judging code changed (APG_TAMPERED before reset): reinstall trusted code",
@@ -211,28 +217,40 @@ def judge_reset(output: PhaseOutput) -> Verdict:
 
 def judge_run(output: PhaseOutput, *, run_recorded: bool) -> Verdict:
     """The agent's run: adapter start failures are the bed's; agent failures are the model's."""
-    verdict = _infrastructure("run", output) or _broken("run", output)
-    if verdict:
-        return verdict
-    found = effects(output)
-    if Effect.INFRA in found:
-        return _retry(f"run: adapter could not start: {_token_list(output, Effect.INFRA)}")
+    found = effects(output, "run")
+    # A leaked token quarantines the bed whatever else happened: the token must be revoked.
     security = (
-        f"agent leaked its token ({_token_list(output, Effect.SECURITY)}): revoke the token"
+        f"agent leaked its token ({_token_list(output, Effect.SECURITY, 'run')}): revoke the token"
         if Effect.SECURITY in found
         else None
     )
-    if output.exit_code == 0:
-        if not run_recorded:
-            return _retry("run: exit 0 but no run record (runs/<id>/run.json) for this task")
-        return Verdict("continue", quarantine=security)
-    if Effect.AGENT in found or run_recorded:
-        # The adapter ran and the agent ended without an attempt: graded, never retried away.
-        reason = _token_list(output, Effect.AGENT) or f"adapter exit {output.exit_code}"
-        return Verdict(
-            "continue", f"agent failed: {reason}", quarantine=security, agent_failed=True
+    verdict = _infrastructure("run", output) or _broken("run", output)
+    if verdict is None and Effect.INFRA in found:
+        verdict = _retry(
+            f"run: adapter could not start: {_token_list(output, Effect.INFRA, 'run')}"
         )
-    return _retry(f"run failed before the adapter started (exit {output.exit_code}, no run record)")
+    if verdict is None and output.exit_code == 0 and not run_recorded:
+        verdict = _retry("run: exit 0 but no run record (runs/<id>/run.json) for this task")
+    if verdict is None and output.exit_code == 0:
+        verdict = CONTINUE
+    if verdict is None and (Effect.AGENT in found or run_recorded):
+        # The adapter ran and the agent ended without an attempt: graded, never retried away.
+        reason = _token_list(output, Effect.AGENT, "run") or f"adapter exit {output.exit_code}"
+        verdict = Verdict("continue", f"agent failed: {reason}", agent_failed=True)
+    if verdict is None:
+        verdict = _retry(
+            f"run failed before the adapter started (exit {output.exit_code}, no run record)"
+        )
+    return with_quarantine(verdict, security)
+
+
+def with_quarantine(verdict: Verdict, quarantine: str | None) -> Verdict:
+    """The verdict, also quarantining the bed for `quarantine` when it does not already."""
+    if quarantine is None or verdict.quarantine:
+        return verdict
+    return Verdict(
+        verdict.action, verdict.reason, verdict.outcome, quarantine, verdict.agent_failed
+    )
 
 
 def judge_verify_after(output: PhaseOutput) -> Verdict:
@@ -240,14 +258,14 @@ def judge_verify_after(output: PhaseOutput) -> Verdict:
     verdict = _infrastructure("verify", output) or _broken("verify", output)
     if verdict:
         return verdict
-    if Effect.TAMPER in effects(output):
+    if Effect.TAMPER in effects(output, "verify"):
         return _final(
             Outcome.TAMPERED,
             f"judging code changed: {_tampered_paths(output)}",
             quarantine="judging code changed during an attempt (APG_TAMPERED): reinstall trusted code",
         )
     if output.exit_code != 0:
-        detail = _token_list(output, Effect.MISMATCH) or f"exit {output.exit_code}"
+        detail = _token_list(output, Effect.MISMATCH, "verify") or f"exit {output.exit_code}"
         return _final(Outcome.TAMPERED, f"verify after the run failed: {detail}")
     return CONTINUE
 
@@ -265,8 +283,9 @@ def judge_grade(
     verdict = _infrastructure("grade", output)
     if verdict:
         return verdict
-    found = effects(output)
-    if Effect.SKIP in found or output.exit_code == 3:
+    found = effects(output, "grade")
+    # Exit 3 is the skip; the token alone never overrides a verdict the grade did emit (exit 0).
+    if output.exit_code == 3 or (Effect.SKIP in found and output.exit_code != 0):
         return _final(Outcome.SKIPPED, "task has no droost spec (APG_GRADE_SKIP)")
     if Effect.RUN_INVALID in found:
         detail = "; ".join(t.detail for t in output.tokens if t.name == "APG_GRADE_RUN_INVALID")

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from apg_farm.queues import RUN_ATTEMPT, attempt_time_limits, pool_queue, task_id
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, AttemptState, Store, Sweep, utcnow
+from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, utcnow
 
 
 class Sender(Protocol):
@@ -30,6 +30,7 @@ def publish_attempts(store: Store, app: Sender, attempt_ids: Iterable[int]) -> i
             select(Attempt, Sweep)
             .join(Sweep, Sweep.id == Attempt.sweep_id)
             .where(Attempt.id.in_(ids), Attempt.state == AttemptState.QUEUED)
+            .where(Sweep.state == SweepState.OPEN)
             .order_by(Attempt.seq)
         ).all()
         now = utcnow()

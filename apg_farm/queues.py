@@ -35,7 +35,8 @@ def bed_queue(bed: str) -> str:
 def attempt_time_limits(spec: SweepSpec) -> tuple[float, float]:
     """(soft, hard) seconds for one attempt: every phase at its limit, plus a margin."""
     t = spec.timeouts
-    phases = 2 * t.verify + t.reset + t.run + t.grade + (t.grade if spec.diff else 0.0)
+    # escrow check, verify before, verify after: three commands under the verify limit.
+    phases = 3 * t.verify + t.reset + t.run + t.grade + (t.grade if spec.diff else 0.0)
     hard = phases + HARD_LIMIT_MARGIN
     return hard - SOFT_LIMIT_GRACE, hard
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from apg_farm.errors import BadInput
 
 
 class Settings(BaseSettings):
@@ -41,4 +43,10 @@ class Settings(BaseSettings):
 
 def load_settings() -> Settings:
     """Settings from the environment, read at call time so tests can change them."""
-    return Settings()
+    try:
+        return Settings()
+    except ValidationError as error:
+        problems = "; ".join(
+            f"APG_FARM_{str(p['loc'][0]).upper()}: {p['msg']}" for p in error.errors() if p["loc"]
+        )
+        raise BadInput(problems or str(error), fix="correct the environment variable") from None

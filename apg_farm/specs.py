@@ -29,6 +29,8 @@ def _safe(value: str) -> str:
 
 
 def _name(value: str) -> str:
+    if value.isdigit():
+        raise ValueError(f"{value!r} would read as a sweep id; use a name with a letter in it")
     if not _NAME.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a sweep name; use 1-100 letters, digits, '.', '_' or '-', starting alphanumeric"

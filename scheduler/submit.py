@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from apg_farm.errors import BadInput
 from apg_farm.seal import refuse_if_sealed
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, Store, Sweep
+from apg_farm.store import Attempt, Store, Sweep, SweepState
 from scheduler.plan import expand
 
 #: Fields that define what an attempt is; a sweep cannot change them once submitted.
@@ -52,6 +52,12 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
             session.flush()
             existing: set[tuple[str, str, int]] = set()
         else:
+            if sweep.state != SweepState.OPEN:
+                raise BadInput(
+                    f"sweep {spec.name!r} was cancelled; it takes no new attempts",
+                    field="name",
+                    fix="give the sweep a new name",
+                )
             _check_compatible(SweepSpec.model_validate(sweep.spec), spec)
             existing = {
                 (a.task, a.model, a.trial)

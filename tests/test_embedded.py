@@ -263,3 +263,34 @@ def test_diff_evidence_is_kept_per_execution(store: Store, tmp_path: Path) -> No
         diffs = session.scalars(select(Phase).where(Phase.name == "diff")).all()
     assert names == [["verify_before", "reset", "run", "verify_after", "diff", "grade"]] * 2
     assert all('"changed"' in p.stdout for p in diffs)
+
+
+def test_two_executors_on_one_pool_never_share_a_bed(store: Store, tmp_path: Path) -> None:
+    """Two `apg-farm run` of different sweeps on the same beds at once: no bed runs two attempts together."""
+    beds = make_beds(store, tmp_path, 2, config={"time_scale": 500})
+    first = submit(store, spec("one", tasks=1, models=2, trials=3)).sweep_id
+    second = submit(store, spec("two", tasks=1, models=2, trials=3)).sweep_id
+    runners = [threading.Thread(target=EmbeddedExecutor(store, s).run) for s in (first, second)]
+    for runner in runners:
+        runner.start()
+    for runner in runners:
+        runner.join(timeout=120)
+    assert all(a.state == AttemptState.DONE for s in (first, second) for a in _attempts(store, s))
+    assert_no_bed_overlap(store, beds)
+
+
+def test_cancel_during_a_failing_phase_leaves_nothing_queued(store: Store, tmp_path: Path) -> None:
+    """An attempt whose phase fails after the cancel ends CANCELLED instead of going back to a dead queue."""
+    make_beds(store, tmp_path, 1, faults={0: {"hang": {"command": "ai-eval-run"}}})
+    timeouts = Timeouts(verify=30, reset=30, run=1.5, grade=30)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=3, timeouts=timeouts)).sweep_id
+    executor = EmbeddedExecutor(store, sweep_id)
+    runner = threading.Thread(target=executor.run)
+    runner.start()
+    while not any(e for e, _ in _executions(store)):
+        runner.join(timeout=0.05)
+    cancel_sweep(store, sweep_id)
+    runner.join(timeout=60)
+    assert not runner.is_alive(), "the executor kept waiting for a cancelled sweep"
+    attempts = _attempts(store, sweep_id)
+    assert {a.outcome for a in attempts} == {Outcome.CANCELLED}

@@ -12,6 +12,7 @@ from apg_farm.envelope import read_grade
 from apg_farm.outcomes import (
     TOKENS,
     Outcome,
+    Verdict,
     judge_grade,
     judge_reset,
     judge_run,
@@ -183,3 +184,28 @@ def test_grade_verdicts_from_a_real_envelope() -> None:
         web_fail("ai-eval-grade", 2), grade=None, envelope_problem=None, agent_failed=False
     )
     assert could_not.action == "retry"
+
+
+def test_tokens_count_only_in_the_phase_that_prints_them() -> None:
+    """An agent echoing other commands' tokens during its run changes nothing; reset tokens in a run are foreign."""
+    noisy = out(0, "APG_RESET_UNTRACKED web/x\nAPG_ESCROW_NONE\nAPG_GRADE_SKIP\n")
+    assert judge_run(noisy, run_recorded=True) == Verdict("continue")
+    assert judge_reset(out(0, "APG_CLAUDE_INSTALL_FAILED\n")).action == "continue"
+
+
+def test_a_stray_skip_token_does_not_override_an_emitted_verdict() -> None:
+    """Exit 0 with a valid envelope is a verdict, whatever APG_GRADE_SKIP text also appeared."""
+    raw = Path(__file__).with_name("recorded").joinpath("grade_example.json").read_bytes()
+    grade = read_grade(raw, truncated=False, task="dv01_view_build", model=None, run_id=None)
+    verdict = judge_grade(
+        out(0, "APG_GRADE_SKIP nothing\n"), grade=grade, envelope_problem=None, agent_failed=False
+    )
+    assert verdict.outcome == Outcome.PASSED
+
+
+def test_a_leaked_token_quarantines_on_every_path() -> None:
+    """APG_CLAUDE_TOKEN_LEAKED quarantines the bed even when the run is also an infrastructure retry."""
+    leaked = web_fail("ai-eval-run", 1, "APG_CLAUDE_TOKEN_LEAKED transcript.jsonl\n")
+    assert "revoke" in (judge_run(leaked, run_recorded=False).quarantine or "")
+    both = web_fail("ai-eval-run", 1, "APG_CLAUDE_INSTALL_FAILED\nAPG_CLAUDE_TOKEN_LEAKED x\n")
+    assert judge_run(both, run_recorded=True).quarantine

@@ -60,3 +60,15 @@ def test_submit_refuses_a_changed_fixture_set(store: Store) -> None:
         submit(store, parse_sweep({**SPEC, "fixtures": ["kb_docs"]}))
     with pytest.raises(BadInput, match="agent"):
         submit(store, parse_sweep({**SPEC, "agent": "manual"}))
+
+
+def test_a_cancelled_sweep_cannot_be_extended_and_ids_are_not_names(store: Store) -> None:
+    """Submitting to a cancelled sweep is refused; an all-digit name (it would read as an id) is refused."""
+    from scheduler.control import cancel_sweep
+
+    first = submit(store, parse_sweep(SPEC))
+    cancel_sweep(store, first.sweep_id)
+    with pytest.raises(BadInput, match="cancelled"):
+        submit(store, parse_sweep({**SPEC, "trials": 11}))
+    with pytest.raises(BadInput, match="sweep id"):
+        parse_sweep({**SPEC, "name": "2"})

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from apg_farm.claims import claim_next, renew_lease, requeue_expired
 from apg_farm.errors import BadInput, StoreError
 from apg_farm.specs import parse_sweep
-from apg_farm.store import Attempt, AttemptState, Base, Bed, Store
+from apg_farm.store import Attempt, AttemptState, Base, Bed, Execution, Store
 from scheduler.submit import submit
 
 
@@ -69,6 +69,17 @@ def test_bad_url_and_unknown_schema_are_clear(tmp_path: Path) -> None:
         assert conn.exec_driver_sql("SELECT count(*) FROM attempts").scalar() == 0
 
 
+def _finish(store: Store, attempt_id: int) -> None:
+    with store.session() as session:
+        row = session.get_one(Attempt, attempt_id)
+        row.state, row.outcome, row.bed_id, row.lease_expires_at = (
+            AttemptState.DONE,
+            "PASSED",
+            None,
+            None,
+        )
+
+
 def test_concurrent_claims_take_each_attempt_once(store: Store) -> None:
     """Eight beds claiming at once never hold the same attempt."""
     _sweep(store, trials=5)
@@ -80,6 +91,7 @@ def test_concurrent_claims_take_each_attempt_once(store: Store) -> None:
         while (claim := claim_next(store, bed_id, lease_seconds=60, worker="t")) is not None:
             with lock:
                 taken.append(claim.attempt_id)
+            _finish(store, claim.attempt_id)
 
     threads = [threading.Thread(target=claimer, args=(b,)) for b in beds]
     for t in threads:
@@ -88,6 +100,46 @@ def test_concurrent_claims_take_each_attempt_once(store: Store) -> None:
         t.join()
     assert len(taken) == 20
     assert len(set(taken)) == 20
+
+
+def test_a_bed_holds_one_claim_at_a_time(store: Store) -> None:
+    """Two claimers for one bed (two executors, two workers): only one claim is live at a time."""
+    _sweep(store, trials=5)
+    bed = _bed(store, "b1")
+    results: list[object] = []
+
+    def claimer() -> None:
+        results.append(claim_next(store, bed, lease_seconds=60, worker="t"))
+
+    threads = [threading.Thread(target=claimer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len([r for r in results if r is not None]) == 1
+    # The database refuses a second running attempt on the bed even if a claimer skipped the check.
+    with pytest.raises(IntegrityError), store.session() as session:
+        other = session.scalars(
+            sa.select(Attempt).where(Attempt.state == AttemptState.QUEUED)
+        ).first()
+        assert other is not None
+        other.state, other.bed_id = AttemptState.RUNNING, bed
+
+
+def test_an_expired_claim_of_the_bed_is_given_back_on_the_next_claim(store: Store) -> None:
+    """A restarted worker finds its bed's dead claim expired, requeues it, and claims again."""
+    _sweep(store, trials=1)
+    bed = _bed(store, "b1")
+    dead = claim_next(store, bed, lease_seconds=-1, worker="dead")
+    assert dead is not None
+    fresh = claim_next(store, bed, lease_seconds=60, worker="fresh")
+    assert fresh is not None
+    with store.session() as session:
+        running = session.scalars(
+            sa.select(Attempt).where(Attempt.state == AttemptState.RUNNING)
+        ).all()
+        lost = session.scalars(sa.select(Execution).where(Execution.result == "LOST")).all()
+    assert [a.id for a in running] == [fresh.attempt_id] and len(lost) == 1
 
 
 def test_expired_lease_returns_to_queue_and_old_holder_cannot_renew(store: Store) -> None:

@@ -60,8 +60,11 @@ def make_app(settings: Settings | None = None) -> Celery:
 def _module_app() -> Celery:
     # `celery -A workers.celery_app` needs an app at import; without a broker it is unconfigured
     # and fails clearly on first use.
-    settings = load_settings()
-    if settings.broker_url:
+    try:
+        settings = load_settings()
+    except BadInput:
+        settings = None  # the command that needs them reports the bad setting, not this import
+    if settings and settings.broker_url:
         return make_app(settings)
     return Celery("apg_farm", include=["workers.tasks"])
 

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from apg_farm.claims import requeue_expired
 from apg_farm.defaults import IDLE_POLL_SECONDS, LEASE_SECONDS
-from apg_farm.store import Attempt, AttemptState, Bed, BedState, Store, Sweep
+from apg_farm.store import Attempt, AttemptState, Bed, BedState, Store, Sweep, SweepState
 from apg_farm.transports import Transport
 from workers.engine import AttemptEngine, AttemptReport
 
@@ -112,12 +112,22 @@ class EmbeddedExecutor:
             return session.scalar(select(Bed.state).where(Bed.name == bed_name)) == BedState.ACTIVE
 
     def _remaining(self) -> int:
+        """Attempts that may still change: running ones, and queued ones while the sweep is open."""
         with self.store.session() as session:
+            open_sweep = (
+                session.scalar(select(Sweep.state).where(Sweep.id == self.sweep_id))
+                == SweepState.OPEN
+            )
+            states = (
+                [AttemptState.RUNNING, AttemptState.QUEUED]
+                if open_sweep
+                else [AttemptState.RUNNING]
+            )
             return (
                 session.scalar(
                     select(func.count())
                     .select_from(Attempt)
-                    .where(Attempt.sweep_id == self.sweep_id, Attempt.state != AttemptState.DONE)
+                    .where(Attempt.sweep_id == self.sweep_id, Attempt.state.in_(states))
                 )
                 or 0
             )

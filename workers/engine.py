@@ -40,6 +40,7 @@ from apg_farm.outcomes import (
     judge_run,
     judge_verify_after,
     judge_verify_before,
+    with_quarantine,
 )
 from apg_farm.store import (
     Attempt,
@@ -242,6 +243,12 @@ class AttemptEngine:
                 # The lease expired and the attempt moved on: keep this try as history only.
                 execution.result = "LOST"
                 return AttemptReport(claim, verdict, None, attempt.run_id, lost=True)
+            if (
+                verdict.action == "retry"
+                and session.get_one(Sweep, row.sweep_id).state != SweepState.OPEN
+            ):
+                # Never requeue into a cancelled sweep: nothing would ever take it.
+                verdict = Verdict("final", f"sweep cancelled ({verdict.reason})", Outcome.CANCELLED)
             outcome, quarantine = _settle(row, bed, verdict, retries=claim.spec.retries)
             execution.result = outcome or "RETRY"
             if quarantine and bed.state == BedState.ACTIVE:
@@ -329,7 +336,7 @@ class _Attempt:
             self._phase("verify_after", self._verify(restore=False), spec.timeouts.verify)
         )
         if after.action != "continue":
-            return _with_quarantine(after, run_verdict.quarantine)
+            return with_quarantine(after, run_verdict.quarantine)
         if spec.diff:
             # Evidence of what the attempt changed, taken on a verified bed; it never decides the outcome.
             self._phase(
@@ -337,8 +344,21 @@ class _Attempt:
                 contract.diff(bed.ddev, list(bed.fixtures), run_id=self.run_id),
                 spec.timeouts.grade,
             )
+        if self.run_id is None and spec.dataset is None and run_verdict.agent_failed:
+            # Nothing names the model to the grade (no run record, no dataset): the agent's failure
+            # stands as NO_ATTEMPT rather than an ungradable retry.
+            return with_quarantine(
+                Verdict(
+                    "final", f"{run_verdict.reason}; no run record to grade", Outcome.NO_ATTEMPT
+                ),
+                run_verdict.quarantine,
+            )
         argv = contract.grade(
-            bed.ddev, claim.task, dataset=spec.dataset, model=claim.model, run_id=self.run_id
+            bed.ddev,
+            claim.task,
+            dataset=spec.dataset,
+            model=claim.model if (self.run_id or spec.dataset) else None,
+            run_id=self.run_id,
         )
         output, result = self._phase_result(
             "grade", argv, spec.timeouts.grade, stdout_limit=GRADE_STDOUT_LIMIT
@@ -363,7 +383,7 @@ class _Attempt:
             envelope_problem=problem,
             agent_failed=run_verdict.agent_failed,
         )
-        return _with_quarantine(verdict, run_verdict.quarantine)
+        return with_quarantine(verdict, run_verdict.quarantine)
 
     def _check_escrow(self) -> Verdict:
         """The escrow set's files against the hashes recorded at enrolment: one command on the host."""
@@ -395,7 +415,9 @@ class _Attempt:
             read_run_json=lambda run_id: self._read_run_json(runs, run_id),
         )
         self.run_id = found.run_id
-        return judge_run(output, run_recorded=found.run_id is not None)
+        # A new run folder means the adapter ran, even when its id cannot be told apart (several
+        # folders, an unreadable run.json): then the live site is graded without --run.
+        return judge_run(output, run_recorded=found.run_id is not None or bool(after - before))
 
     def _read_run_json(self, runs: str, run_id: str) -> dict[str, object] | None:
         data = self.engine.transport.read_file(f"{runs}/{run_id}/run.json", limit=RUN_JSON_LIMIT)
@@ -403,7 +425,7 @@ class _Attempt:
             return None
         try:
             doc = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # a bed can write anything there, nesting included
             return None
         return doc if isinstance(doc, dict) else None
 
@@ -493,12 +515,3 @@ class _Attempt:
         if self.envelope is not None:
             execution.envelope = self.envelope
             execution.envelope_sha256 = hashlib.sha256(self.envelope).hexdigest()
-
-
-def _with_quarantine(verdict: Verdict, quarantine: str | None) -> Verdict:
-    """Carry a quarantine decided earlier in the attempt (a leaked token) to the final verdict."""
-    if quarantine is None or verdict.quarantine:
-        return verdict
-    return Verdict(
-        verdict.action, verdict.reason, verdict.outcome, quarantine, verdict.agent_failed
-    )

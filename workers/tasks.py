@@ -16,7 +16,7 @@ from apg_farm.beds import get_bed, record_event
 from apg_farm.publish import publish_attempts
 from apg_farm.queues import BED_MAINTENANCE, RUN_ATTEMPT, pool_queue
 from apg_farm.settings import load_settings
-from apg_farm.store import Attempt, AttemptState, Bed, BedState, Store
+from apg_farm.store import Attempt, AttemptState, Bed, BedState, Store, Sweep, SweepState
 from workers.engine import AttemptEngine
 
 #: The environment variable that pins a worker process to its bed (set by `apg-farm worker`).
@@ -66,6 +66,9 @@ class WorkerRuntime:
             if attempt.state != AttemptState.QUEUED:
                 # Finished, or held by a live lease elsewhere: a duplicate or redelivered message.
                 return f"already {attempt.state}"
+            sweep = session.get_one(Sweep, attempt.sweep_id)
+            if sweep.state != SweepState.OPEN or sweep.sealed_at is not None:
+                return "sweep closed"
             if bed is None or bed.state != BedState.ACTIVE:
                 return "bed inactive"
             return "excluded here"
@@ -85,7 +88,9 @@ def runtime() -> WorkerRuntime:
     if _runtime is None:
         bed = os.environ.get(WORKER_BED)
         if not bed:
-            raise RuntimeError(f"{WORKER_BED} is not set: start workers with `apg-farm worker --bed NAME`")
+            raise RuntimeError(
+                f"{WORKER_BED} is not set: start workers with `apg-farm worker --bed NAME`"
+            )
         _runtime = WorkerRuntime(bed)
     return _runtime
 

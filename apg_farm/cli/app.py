@@ -17,14 +17,13 @@ from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
 from apg_farm.escrow import record_escrow_set
-from apg_farm.outcomes import Outcome
 from apg_farm.queues import pool_queue
 from apg_farm.remote_beds import set_docker_host
 from apg_farm.report import find_sweep, sweep_report
 from apg_farm.seal import refuse_if_sealed
 from apg_farm.specs import load_sweep
 from apg_farm.store import BedState
-from scheduler.control import cancel_sweep
+from scheduler.control import cancel_sweep, parse_retry_outcomes, retry_attempts
 from scheduler.submit import submit
 from workers.celery_app import make_app
 
@@ -250,19 +249,12 @@ def sweep_retry(
         str, typer.Option(help="Outcomes to run again, comma-separated.")
     ] = "error,invalid",
 ) -> None:
-    """Run again the attempts that ended with these outcomes, as new executions (history is kept)."""
-    try:
-        outcomes = {Outcome(name.strip().upper()) for name in only.split(",") if name.strip()}
-    except ValueError:
-        raise BadInput(
-            f"unknown outcome in {only!r}",
-            field="--only",
-            fix=f"use {', '.join(o.lower() for o in Outcome)}",
-        ) from None
+    """Run again the attempts that ended ERROR or INVALID, as new executions (history is kept)."""
+    outcomes = parse_retry_outcomes(only)
     store = open_store()
     target = find_sweep(store, sweep)
     refuse_if_sealed(target)
-    count = distributed.retry_attempts(store, target.id, outcomes)
+    count = retry_attempts(store, target.id, outcomes)
     out.print(f"{count} attempts queued again")
     if distributed.broker_configured():
         out.print(distributed.dispatch(store))

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from typing import Annotated
 
 import typer
+from kombu.exceptions import KombuError
+from redis.exceptions import RedisError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import func, select
 
 from apg_farm.beds import get_bed
 from apg_farm.cli.common import err, open_store, out
 from apg_farm.errors import BadInput, FarmError
-from apg_farm.outcomes import Outcome
 from apg_farm.queues import BED_MAINTENANCE, attempt_time_limits, bed_queue, pool_queue
 from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec
@@ -46,9 +48,19 @@ def dispatch(store: Store) -> str:
     """Send every queued attempt that has no message yet (and requeue expired leases)."""
     settings = load_settings()
     assert settings.broker_url
-    return reconcile(
-        store, make_app(settings), settings.broker_url, unacked_grace=settings.lease_seconds
-    ).describe()
+    try:
+        return reconcile(
+            store, make_app(settings), settings.broker_url, unacked_grace=settings.lease_seconds
+        ).describe()
+    except (RedisError, KombuError, OSError) as error:
+        raise FarmError(
+            f"cannot reach the broker at {_safe_url(settings.broker_url)}: {error}",
+            fix="the sweep is stored; start Redis, then `apg-farm sweep resume NAME` sends it",
+        ) from None
+
+
+def _safe_url(url: str) -> str:
+    return re.sub(r"//[^@/]*@", "//***@", url)
 
 
 def _progress(store: Store, sweep_id: int) -> tuple[int, int, int]:
@@ -205,27 +217,3 @@ def db_upgrade_cmd() -> None:
     """Migrate the store to the newest schema (every command also does this on open)."""
     store = open_store()
     out.print(f"store at {store.safe_url()} is up to date")
-
-
-def retry_attempts(store: Store, sweep_id: int, outcomes: set[Outcome]) -> int:
-    """Put finished attempts with these outcomes back in the queue; their executions stay as history."""
-    with store.session() as session:
-        rows = list(
-            session.scalars(
-                select(Attempt).where(
-                    Attempt.sweep_id == sweep_id,
-                    Attempt.state == AttemptState.DONE,
-                    Attempt.outcome.in_([o.value for o in outcomes]),
-                )
-            )
-        )
-        for attempt in rows:
-            attempt.reason = f"retry requested after {attempt.outcome}: {attempt.reason}"
-            attempt.state = AttemptState.QUEUED
-            attempt.outcome = None
-            attempt.finished_at = None
-            attempt.infra_failures = 0
-            attempt.deliveries = 0
-            attempt.excluded_beds = []
-            attempt.enqueued_at = None
-        return len(rows)

@@ -68,6 +68,12 @@ class Store:
                 field="APG_FARM_DATABASE_URL",
                 fix="use sqlite:///path/farm.db or postgresql://user@host/db",
             ) from None
+        if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+            raise BadInput(
+                f"the store must be SQLite or PostgreSQL, not {parsed.get_backend_name()}",
+                field="APG_FARM_DATABASE_URL",
+                fix="use sqlite:///path/farm.db or postgresql://user@host/db",
+            )
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         self.engine = self._make_engine(parsed.database)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)

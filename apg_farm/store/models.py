@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -173,6 +174,14 @@ class Attempt(Base):
     __table_args__ = (
         UniqueConstraint("sweep_id", "task", "model", "trial", name="uq_attempts_key"),
         Index("ix_attempts_claim", "pool", "state", "seq"),
+        # The database itself refuses a second running attempt on one bed.
+        Index(
+            "uq_attempts_running_bed",
+            "bed_id",
+            unique=True,
+            sqlite_where=text("state = 'running'"),
+            postgresql_where=text("state = 'running'"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
