@@ -161,13 +161,21 @@ def classify_container(
     approot: str,
     escrow_paths: Iterable[str],
     farm_paths: Iterable[str] = (),
+    same_folder: Callable[[str, str], bool] | None = None,
 ) -> list[Finding]:
-    """Findings for one container, from its inspect document (`GET /containers/{id}/json`)."""
+    """Findings for one container, from its inspect document (`GET /containers/{id}/json`).
+
+    `same_folder(a, b)` tells whether two paths name one folder on the bed's host (a symlinked
+    approot); without it, only equal paths are.
+    """
     findings: list[Finding] = []
     escrow_paths = [p for p in escrow_paths if p]
     farm_paths = [p for p in farm_paths if p]
     labels = (attrs.get("Config") or {}).get("Labels") or {}
-    owner = labels.get(APPROOT_LABEL)
+    owner = str(labels.get(APPROOT_LABEL) or "")
+    moved = owner and _norm(owner) != _norm(approot)
+    if moved and same_folder is not None and same_folder(owner, approot):
+        approot = _norm(owner)  # DDEV's name for the same folder: mount sources use it
     if owner and _norm(owner) != _norm(approot):
         findings.append(
             Finding(
@@ -337,9 +345,18 @@ def check_bed_mounts(
     client_factory: Callable[[Bed, str], Any] = docker_client,
 ) -> MountsReport:
     """Inspect the bed's DDEV web container(s) and classify what they can see."""
-    url = docker_url(bed)
     with transport_in_use(bed, transport) as used:
-        project = project_name(bed, used)
+        return _check(bed, used, farm_paths, client_factory)
+
+
+def _check(
+    bed: Bed,
+    transport: Transport,
+    farm_paths: Iterable[str],
+    client_factory: Callable[[Bed, str], Any],
+) -> MountsReport:
+    url = docker_url(bed)
+    project = project_name(bed, transport)
     report = MountsReport(docker=url, project=project)
     client = None
     try:
@@ -369,9 +386,25 @@ def check_bed_mounts(
                 approot=bed.approot,
                 escrow_paths=escrow_paths(bed),
                 farm_paths=farm,
+                same_folder=lambda a, b: same_folder(transport, a, b),
             )
         )
     return report
+
+
+def same_folder(transport: Transport, first: str, second: str) -> bool:
+    """Whether two absolute paths name the same folder on the bed's host (`test -ef`)."""
+    if not (first.startswith("/") and second.startswith("/")):
+        return False
+    result = transport.run(
+        ("/bin/sh", "-c", 'test "$1" -ef "$2"', "sh", first, second),
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=30,
+        stdout_limit=1024,
+        stderr_limit=1024,
+    )
+    return result.rc == 0
 
 
 def farm_paths_for(bed: Bed, home: str | None) -> list[str]:

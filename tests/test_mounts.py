@@ -165,3 +165,18 @@ while True:
     os.write(1, data)
 '
 """
+
+
+def test_a_symlinked_approot_is_the_same_project(store: Store, tmp_path: Path) -> None:
+    """DDEV may name the approot through a symlink: same folder on the host, same project."""
+    [bed] = make_beds(store, tmp_path, 1)
+    alias = tmp_path / "alias"
+    alias.symlink_to(bed.approot)
+    with fake_docker() as engine:
+        set_docker_host(store, bed.name, engine.url)
+        engine.add(web_container("c1", project=bed.name, approot=str(alias)))
+        report = check_bed_mounts(get_bed(store, bed.name))
+        engine.add(web_container("c1", project=bed.name, approot=str(tmp_path)))
+        other = check_bed_mounts(get_bed(store, bed.name))
+    assert report.checked and report.refusals == []
+    assert "other_approot" in [f.kind for f in other.refusals]
