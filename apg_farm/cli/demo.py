@@ -13,6 +13,7 @@ from apg_farm import maintenance
 from apg_farm.beds import NewBed, validate_new_bed
 from apg_farm.cli.common import err, out, report_table
 from apg_farm.cli.running import execute_sweep
+from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.report import find_sweep, sweep_report
 from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec, Timeouts
@@ -22,6 +23,10 @@ from scheduler.submit import submit
 
 #: The demo's beds print their run id in every way the contract allows, to show the farm copes.
 _RUN_ID_STYLES = ("line", "path", "none")
+
+#: The demo's beds and sweeps use a fixture set no real bed has, so they form a pool of their own:
+#: demo attempts never reach a real bed, and real sweeps never land on a simulated one.
+DEMO_FIXTURES = ("kb_docs", "canvas_home", "farm_demo")
 
 #: Faults the --faults demo injects, one per bed, in bed order.
 DEMO_FAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -50,7 +55,9 @@ def prepare_demo_beds(
     names = []
     for index in range(beds):
         name = f"demo-{index + 1}"
-        row = simulated_bed(root, name, ddev=ddev, config=_bed_config(index, time_scale))
+        row = simulated_bed(
+            root, name, ddev=ddev, config=_bed_config(index, time_scale), fixtures=DEMO_FIXTURES
+        )
         if faults and index < len(DEMO_FAULTS):
             simbed.write_faults(Path(row.approot), DEMO_FAULTS[index][1])
         _upsert_bed(store, row)
@@ -58,7 +65,14 @@ def prepare_demo_beds(
     return names
 
 
-def simulated_bed(root: Path, name: str, *, ddev: Path, config: dict[str, Any]) -> Bed:
+def simulated_bed(
+    root: Path,
+    name: str,
+    *,
+    ddev: Path,
+    config: dict[str, Any],
+    fixtures: tuple[str, ...] = DEFAULT_FIXTURES,
+) -> Bed:
     """A simulated bed under root/beds, provisioned and escrowed under root/escrow, not yet stored."""
     approot = root / "beds" / name
     simbed.create_bed(approot, project=name, config=config)
@@ -67,6 +81,7 @@ def simulated_bed(root: Path, name: str, *, ddev: Path, config: dict[str, Any]) 
             name=name,
             approot=approot,
             ddev=str(ddev),
+            fixtures=fixtures,
             env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
         )
     )
@@ -97,6 +112,7 @@ def demo_spec(*, trials: int, name: str | None = None, tasks: int = 3) -> SweepS
     return SweepSpec(
         name=name or f"demo-{stamp}",
         dataset="droost_build_tasks",
+        fixtures=list(DEMO_FIXTURES),
         tasks=list(simbed.DEFAULT_TASKS[:tasks]),
         models=list(simbed.DEFAULT_MODELS[:2]),
         trials=trials,
