@@ -168,7 +168,7 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
     spec = sweep.spec
     trials = int(spec.get("trials", 1) or 1)
     k = max(1, min(k or DEFAULT_K, trials))
-    with store.session() as session:
+    with store.read() as session:
         attempts = session.execute(
             select(Attempt.id, Attempt.task, Attempt.model, Attempt.trial, Attempt.outcome).where(
                 Attempt.sweep_id == sweep.id

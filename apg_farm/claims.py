@@ -13,13 +13,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from apg_farm.defaults import EXTRA_DELIVERIES
+from apg_farm.defaults import EXTRA_DELIVERIES, MAX_CONSECUTIVE_INFRA_ERRORS
 from apg_farm.outcomes import Outcome
 from apg_farm.specs import SweepSpec
 from apg_farm.store import (
     Attempt,
     AttemptState,
     Bed,
+    BedEvent,
     BedState,
     Execution,
     Store,
@@ -173,6 +174,19 @@ def _busy(session: Session, bed_id: int) -> bool:
     return False
 
 
+def _count_bed_failure(session: Session, bed_id: int) -> None:
+    bed = session.get(Bed, bed_id)
+    if bed is None:
+        return
+    bed.consecutive_errors += 1
+    if bed.state == BedState.ACTIVE and bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
+        bed.state = BedState.QUARANTINED
+        bed.state_reason = (
+            f"{bed.consecutive_errors} attempts lost in a row (its worker or link keeps dying)"
+        )
+        session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=bed.state_reason))
+
+
 def _finish_poisoned(attempt: Attempt, now: datetime) -> None:
     # Delivered again and again without finishing (a worker that dies on it): stop looping.
     attempt.state = AttemptState.DONE
@@ -228,12 +242,19 @@ def _requeue(session: Session, ids: list[int]) -> None:
             .where(Attempt.id.in_(ids), Sweep.state != SweepState.OPEN)
         )
     )
-    session.execute(
-        update(Attempt)
-        .where(Attempt.id.in_(ids), Attempt.state == AttemptState.RUNNING)
-        .values(state=AttemptState.QUEUED, bed_id=None, lease_expires_at=None, enqueued_at=None)
-        .execution_options(synchronize_session=False)
-    )
+    for attempt in session.scalars(
+        select(Attempt).where(Attempt.id.in_(ids), Attempt.state == AttemptState.RUNNING)
+    ):
+        if attempt.bed_id is not None:
+            # The bed (or its worker, or the link to it) stopped answering: like any infrastructure
+            # failure, the attempt goes elsewhere and the bed's failures in a row grow.
+            attempt.excluded_beds = sorted({*(attempt.excluded_beds or []), attempt.bed_id})
+            _count_bed_failure(session, attempt.bed_id)
+        attempt.state = AttemptState.QUEUED
+        attempt.bed_id = None
+        attempt.lease_expires_at = None
+        attempt.enqueued_at = None
+    session.flush()
     if closed:
         session.execute(
             update(Attempt)

@@ -26,7 +26,7 @@ CELL_COUNTS: dict[Outcome, str] = {
 
 def find_sweep(store: Store, ref: str) -> Sweep:
     """A sweep by id or by name (names never look like plain integers... unless they do: id first)."""
-    with store.session() as session:
+    with store.read() as session:
         sweep = None
         if ref.isdigit():
             sweep = session.get(Sweep, int(ref))
@@ -43,7 +43,7 @@ def find_sweep(store: Store, ref: str) -> Sweep:
 
 def sweep_report(store: Store, sweep: Sweep) -> dict[str, Any]:
     """The report as one JSON-ready object: {"sweep", "outcomes", "cells"}."""
-    with store.session() as session:
+    with store.read() as session:
         rows = session.execute(
             select(Attempt.task, Attempt.model, Attempt.state, Attempt.outcome).where(
                 Attempt.sweep_id == sweep.id

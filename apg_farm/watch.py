@@ -35,7 +35,7 @@ def _next_phase(last: str | None) -> str:
 def snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) -> dict[str, Any]:
     """Everything the live view shows, read in one transaction."""
     now = now or _utcnow()
-    with store.session() as session:
+    with store.read() as session:
         sweep = session.get_one(Sweep, sweep_id)
         attempts = session.execute(
             select(Attempt.model, Attempt.state, Attempt.outcome).where(

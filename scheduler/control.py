@@ -39,7 +39,7 @@ def cancel_sweep(store: Store, sweep_id: int) -> int:
 
 def sweep_status(store: Store, sweep_id: int) -> dict[str, Any]:
     """Counts by state and outcome, and what each bed is running."""
-    with store.session() as session:
+    with store.read() as session:
         sweep = session.get_one(Sweep, sweep_id)
         rows = session.execute(
             select(Attempt.state, Attempt.outcome).where(Attempt.sweep_id == sweep_id)

@@ -225,24 +225,46 @@ def test_duplicate_and_late_messages_do_nothing(
     store, workers = farm
     beds = make_beds(store, tmp_path, 2)
     sweep_id = submit(store, spec("dupes", tasks=2, models=2, trials=2)).sweep_id
+    app = _app(redis)
+    assert publish_attempts(store, app, range(1, 9)) == 8
+    for attempt_id in range(1, 9):  # the same attempt twice more, as at-least-once delivery may
+        for copy in ("dup-a", "dup-b"):
+            app.send_task(
+                "apg_farm.run_attempt",
+                args=(attempt_id,),
+                queue=pool_queue(beds[0].pool),
+                task_id=f"{copy}-{attempt_id}",
+            )
     for bed in beds:
         workers.start(bed.name)
-    app = _app(redis)
-    for _ in range(3):
-        with store.session() as session:
-            session.execute(Attempt.__table__.update().values(state=AttemptState.QUEUED))  # type: ignore[attr-defined]
-        publish_attempts(store, app, range(1, 9))
     _wait_done(store, sweep_id, redis, workers)
+    _wait_drained(redis, pool_queue(beds[0].pool))
     _assert_counted_once_and_no_overlap(store, beds)
     with store.session() as session:
         before = len(session.scalars(select(Execution)).all())
         finished = session.scalars(select(Attempt)).first()
         assert finished is not None
+    assert before == 8
     # A message for a finished attempt (a redelivery after a visibility timeout, say).
     app.send_task("apg_farm.run_attempt", args=(finished.id,), queue=pool_queue(finished.pool))
-    time.sleep(3)
+    _wait_drained(redis, pool_queue(finished.pool))
     with store.session() as session:
         assert len(session.scalars(select(Execution)).all()) == before
+
+
+def _wait_drained(redis: RedisServer, queue: str, timeout: float = 30) -> None:
+    """Until every message of the queue was taken and acknowledged."""
+    import redis as redis_client
+
+    client = redis_client.Redis.from_url(redis.url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.llen(queue) == 0 and client.hlen("unacked") == 0:
+            client.close()
+            return
+        time.sleep(0.1)
+    client.close()
+    pytest.fail(f"queue {queue} not drained")
 
 
 def test_maintenance_goes_to_the_beds_own_worker(

@@ -195,3 +195,20 @@ def test_upgrade_from_the_first_schema_keeps_data(tmp_path: Path) -> None:
     with store.session() as session:
         attempt = session.scalars(sa.select(Attempt)).one()
         assert attempt.task == "t" and attempt.dispatches == 0 and attempt.enqueued_at is None
+
+
+def test_a_long_read_does_not_block_writers(tmp_path: Path) -> None:
+    """On SQLite a report reading for a long time never makes a bed's write wait (WAL, deferred reads)."""
+    import time
+
+    store = Store(f"sqlite:///{tmp_path / 'f.db'}")
+    _sweep(store, trials=1)
+    with store.read() as reader:
+        reader.scalars(sa.select(Attempt)).all()
+        started = time.monotonic()
+        writer = threading.Thread(target=_bed, args=(store, "b-write"))
+        writer.start()
+        writer.join(timeout=10)
+        assert time.monotonic() - started < 2.0
+    with store.read() as session:
+        assert session.scalar(sa.select(Bed.name).where(Bed.name == "b-write")) == "b-write"

@@ -108,12 +108,12 @@ class EmbeddedExecutor:
                 self.result.errors.append(f"bed {bed_name}: {type(error).__name__}: {error}")
 
     def _bed_active(self, bed_name: str) -> bool:
-        with self.store.session() as session:
+        with self.store.read() as session:
             return session.scalar(select(Bed.state).where(Bed.name == bed_name)) == BedState.ACTIVE
 
     def _remaining(self) -> int:
         """Attempts that may still change: running ones, and queued ones while the sweep is open."""
-        with self.store.session() as session:
+        with self.store.read() as session:
             open_sweep = (
                 session.scalar(select(Sweep.state).where(Sweep.id == self.sweep_id))
                 == SweepState.OPEN

@@ -463,7 +463,7 @@ class _Attempt:
 
     def _sweep_state(self) -> str | None:
         def read() -> str | None:
-            with self.engine.store.session() as session:
+            with self.engine.store.read() as session:
                 return session.scalar(select(Sweep.state).where(Sweep.id == self.claim.sweep_id))
 
         return self.engine.store.retrying(read)

@@ -64,7 +64,7 @@ def _safe_url(url: str) -> str:
 
 
 def _progress(store: Store, sweep_id: int) -> tuple[int, int, int]:
-    with store.session() as session:
+    with store.read() as session:
         total = session.scalar(
             select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id)
         )

@@ -15,7 +15,7 @@ from workers.engine import AttemptReport
 
 
 def _done_count(store: Store, sweep_id: int) -> tuple[int, int]:
-    with store.session() as session:
+    with store.read() as session:
         total = session.scalar(
             select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id)
         )

@@ -44,8 +44,11 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: Any) -> None:
-    # Take the write lock at BEGIN so two claimers never both read then both try to upgrade.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # Writers take the write lock at BEGIN so two claimers never both read then both try to
+    # upgrade; readers (Store.read) begin deferred and, under WAL, never block a writer.
+    conn.exec_driver_sql(
+        "BEGIN" if conn.get_execution_options().get("apg_read") else "BEGIN IMMEDIATE"
+    )
 
 
 def _alembic_config(connection: Any) -> Config:
@@ -77,6 +80,9 @@ class Store:
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         self.engine = self._make_engine(parsed.database)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._readers = sessionmaker(
+            self.engine.execution_options(apg_read=True), expire_on_commit=False
+        )
         if upgrade:
             self.upgrade()
 
@@ -123,6 +129,12 @@ class Store:
     def session(self) -> Iterator[Session]:
         """A session in one transaction: committed on success, rolled back on error."""
         with self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A session for reading only: on SQLite it never waits for, nor blocks, the writers."""
+        with self._readers.begin() as session:
             yield session
 
     def retrying(self, work: Callable[[], T], *, tries: int = 6) -> T:
