@@ -41,7 +41,8 @@ def test_compose_has_the_services_and_they_are_wired() -> None:
 def test_compose_secrets_are_not_hard_coded_and_images_build() -> None:
     """The database password comes from the environment; the farm image installs the package."""
     text = COMPOSE.read_text()
-    assert re.search(r"POSTGRES_PASSWORD: \$\{APG_FARM_DB_PASSWORD", text)
+    assert re.search(r"POSTGRES_PASSWORD: \$\{APG_FARM_DB_PASSWORD:\?", text)
+    assert ":-apg}" not in text and "PASSWORD: apg" not in text
     build = _compose()["services"]["scheduler"]["build"]
     assert "pip install" in build["dockerfile_inline"] and build["context"] == "."
 

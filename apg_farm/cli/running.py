@@ -62,8 +62,9 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
         err.print(f"[red]error:[/] {problem}")
     if result.stranded:
         err.print(
-            f"[red]{result.stranded} attempts could not run[/]: every bed of the pool is quarantined "
-            "(see `apg-farm bed list`; `apg-farm bed release NAME` after fixing, then run again)"
+            f"[red]{result.stranded} attempts could not run[/]: no bed of the pool is left to take them "
+            "(see `apg-farm bed list`; after fixing, `apg-farm bed release NAME` and "
+            "`apg-farm sweep resume SWEEP`)"
         )
     return not result.errors and not result.stranded
 
