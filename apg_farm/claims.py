@@ -55,11 +55,16 @@ class Claim:
         return f"{self.sweep_name}/{self.task}/{self.model}/{self.trial}"
 
 
+#: A retry handed back this many times is taken by any bed: the beds it waits for may have no worker.
+HAND_BACK_LIMIT = 10
+
+
 def _may_take(attempt: Attempt, bed_id: int, active_beds: set[int]) -> bool:
     # A retry goes to another bed where one exists; when every active bed already failed it,
     # any bed may take it rather than leave it stranded.
     excluded = set(attempt.excluded_beds or [])
-    return bed_id not in excluded or active_beds <= excluded
+    handed_back = attempt.dispatches - attempt.infra_failures - 1
+    return bed_id not in excluded or active_beds <= excluded or handed_back >= HAND_BACK_LIMIT
 
 
 def _poisoned(attempt: Attempt, spec: SweepSpec) -> bool:

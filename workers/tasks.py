@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from apg_farm import maintenance
 from apg_farm.beds import get_bed, record_event
+from apg_farm.escrow import enrol_escrow
 from apg_farm.publish import publish_attempts
 from apg_farm.queues import BED_MAINTENANCE, RUN_ATTEMPT, pool_queue
 from apg_farm.settings import load_settings
@@ -119,7 +120,11 @@ def bed_maintenance(self: Task, bed_name: str, action: str) -> str:
     elif action == "provision":
         maintenance.provision(bed)
         detail = "provisioned"
+    elif action == "escrow":
+        # enrol_escrow records its own "escrow" event with the set's path.
+        record = enrol_escrow(store, bed)
+        return f"escrow set {record.path} recorded ({len(record.files)} files)"
     else:
-        return f"unknown action {action!r}"
+        detail = f"unknown action {action!r}: use doctor, provision or escrow"
     record_event(store, bed.id, action, detail[:4000])
     return detail[:200]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import time
 from typing import Annotated
@@ -166,6 +167,11 @@ def worker_cmd(
     else:
         err.print(
             f"[yellow]bed {bed} is {row.state}[/]: taking maintenance only until `apg-farm bed release`"
+        )
+    if row.transport == "local" and not shutil.which("setpriv"):
+        err.print(
+            "[yellow]warning:[/] setpriv (util-linux) is missing: a bed command would outlive a killed "
+            "worker; install util-linux"
         )
     os.environ[WORKER_BED] = bed
     make_app(settings).worker_main(
