@@ -57,6 +57,9 @@ def test_demo_runs_and_report_agrees_with_the_store(tmp_path: Path) -> None:
         (["sweep", "submit", "/no/such.yaml"], "no such file"),
         (["report", "x", "--format", "xml"], "--format"),
         (["bed", "release", "ghost"], "no bed named"),
+        (["bed", "add", "x"], "Missing option '--approot'"),
+        (["no-such-command"], "No such command"),
+        (["sweep", "retry", "s", "--only", "passed"], "cannot be retried"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(

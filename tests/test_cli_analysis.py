@@ -126,7 +126,7 @@ def test_seal_verify_and_a_tampered_envelope(farm: Farm, cli: Cli, tmp_path: Pat
     assert list((farm.home / "seals").glob("evidence.*.seal.json"))
     assert "verifies" in cli("verify", "evidence")[0]
     cli("seal", "evidence", code=2)
-    _, err = cli("sweep", "retry", "evidence", "--only", "passed,failed", code=2)
+    _, err = cli("sweep", "retry", "evidence", "--only", "error,invalid", code=2)
     assert "is sealed" in err
 
     sweep_id = find_sweep(farm.store, "evidence").id

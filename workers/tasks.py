@@ -14,6 +14,7 @@ from sqlalchemy import select
 from apg_farm import maintenance
 from apg_farm.beds import get_bed, record_event
 from apg_farm.escrow import enrol_escrow
+from apg_farm.mounts import doctor_bed
 from apg_farm.publish import publish_attempts
 from apg_farm.queues import BED_MAINTENANCE, RUN_ATTEMPT, pool_queue
 from apg_farm.settings import load_settings
@@ -115,8 +116,10 @@ def bed_maintenance(self: Task, bed_name: str, action: str) -> str:
     store = runtime().store
     bed = get_bed(store, bed_name)
     if action == "doctor":
-        healthy, verdict = maintenance.doctor(bed)
-        detail = "healthy" if healthy else f"unhealthy: {verdict}"
+        # The same doctor as `bed doctor`: APG's verdict plus the effective mounts check; it
+        # records its own event (and quarantines a bed that can see its escrow or credentials).
+        healthy, verdict = doctor_bed(store, bed)
+        return "healthy" if healthy else f"unhealthy: {str(verdict)[:180]}"
     elif action == "provision":
         maintenance.provision(bed)
         detail = "provisioned"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import click
 import typer
@@ -355,6 +355,18 @@ db_app.command("upgrade")(distributed.db_upgrade_cmd)
 analysis_cli.register(app)
 
 
+# Typer >= 0.29 raises its own Exit/Abort and its bundled click's usage errors; older ones, click's.
+_EXITS: tuple[type[Any], ...] = (click.exceptions.Exit, typer.Exit)
+_USAGE_ERRORS: tuple[type[Any], ...] = (click.ClickException,)
+_ABORTS: tuple[type[Any], ...] = (click.exceptions.Abort, typer.Abort)
+try:
+    from typer._click.exceptions import ClickException as _BundledClickException
+
+    _USAGE_ERRORS += (_BundledClickException,)
+except ImportError:  # pragma: no cover - an older typer
+    pass
+
+
 def main() -> None:
     """Entry point: typed errors become a message and an exit code, never a traceback."""
     try:
@@ -362,12 +374,12 @@ def main() -> None:
     except FarmError as error:
         err.print(f"[red]error:[/] {error.render()}", soft_wrap=True)
         sys.exit(error.exit_code)
-    except click.exceptions.Exit as done:
+    except _EXITS as done:
         sys.exit(done.exit_code)
-    except click.ClickException as error:
+    except _USAGE_ERRORS as error:
         error.show()
         sys.exit(error.exit_code)
-    except click.exceptions.Abort:
+    except _ABORTS:
         err.print("aborted")
         sys.exit(1)
     except KeyboardInterrupt:
