@@ -22,7 +22,7 @@ from apg_farm.remote_beds import set_docker_host
 from apg_farm.report import find_sweep, sweep_report
 from apg_farm.seal import refuse_if_sealed
 from apg_farm.specs import load_sweep
-from apg_farm.store import BedState
+from apg_farm.store import BedState, Store
 from scheduler.control import cancel_sweep, parse_retry_outcomes, retry_attempts
 from scheduler.submit import submit
 from workers.celery_app import make_app
@@ -292,14 +292,7 @@ def run_cmd(file: Path) -> None:
         distributed.check_limits(spec)
     submission = submit(store, spec)
     out.print(submission.describe())
-    if distributed.broker_configured():
-        out.print(distributed.dispatch(store))
-        ok = distributed.wait_for_sweep(store, submission.sweep_id)
-    else:
-        ok = execute_sweep(store, submission.sweep_id)
-    out.print(report_table(sweep_report(store, find_sweep(store, str(submission.sweep_id)))))
-    if not ok:
-        raise typer.Exit(1)
+    _run_to_the_end(store, submission.sweep_id)
 
 
 @app.command("report")
@@ -336,13 +329,17 @@ def demo_cmd(
 def sweep_resume(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]) -> None:
     """Run what is left of a sweep (after an interruption, a retry or a bed release)."""
     store = open_store()
-    target = find_sweep(store, sweep)
+    _run_to_the_end(store, find_sweep(store, sweep).id)
+
+
+def _run_to_the_end(store: Store, sweep_id: int) -> None:
+    """Run what is left (on the workers when a broker is set, else here), then print the results."""
     if distributed.broker_configured():
         out.print(distributed.dispatch(store))
-        ok = distributed.wait_for_sweep(store, target.id)
+        ok = distributed.wait_for_sweep(store, sweep_id)
     else:
-        ok = execute_sweep(store, target.id)
-    out.print(report_table(sweep_report(store, find_sweep(store, str(target.id)))))
+        ok = execute_sweep(store, sweep_id)
+    out.print(report_table(sweep_report(store, find_sweep(store, str(sweep_id)))))
     if not ok:
         raise typer.Exit(1)
 

@@ -17,14 +17,25 @@ from sqlalchemy import func, select
 
 from apg_farm.beds import get_bed
 from apg_farm.cli.common import err, open_store, out
+from apg_farm.cli.progress import done_count
 from apg_farm.errors import BadInput, FarmError
 from apg_farm.queues import BED_MAINTENANCE, attempt_time_limits, bed_queue, pool_queue
-from apg_farm.settings import load_settings
+from apg_farm.settings import Settings, load_settings
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store, Sweep, utcnow
+from apg_farm.store import Bed, BedEvent, BedState, Store, Sweep, utcnow
 from scheduler.reconciler import reconcile
 from workers.celery_app import make_app
 from workers.tasks import WORKER_BED
+
+
+def require_broker() -> tuple[Settings, str]:
+    """The settings and the broker URL, refusing to go on without one."""
+    settings = load_settings()
+    if not settings.broker_url:
+        raise BadInput(
+            "no broker configured", field="APG_FARM_BROKER_URL", fix="set it to redis://host:6379/0"
+        )
+    return settings, settings.broker_url
 
 
 def broker_configured() -> bool:
@@ -47,15 +58,14 @@ def check_limits(spec: SweepSpec) -> None:
 
 def dispatch(store: Store) -> str:
     """Send every queued attempt that has no message yet (and requeue expired leases)."""
-    settings = load_settings()
-    assert settings.broker_url
+    settings, broker_url = require_broker()
     try:
         return reconcile(
-            store, make_app(settings), settings.broker_url, unacked_grace=settings.lease_seconds
+            store, make_app(settings), broker_url, unacked_grace=settings.lease_seconds
         ).describe()
     except (RedisError, KombuError, OSError) as error:
         raise FarmError(
-            f"cannot reach the broker at {_safe_url(settings.broker_url)}: {error}",
+            f"cannot reach the broker at {_safe_url(broker_url)}: {error}",
             fix="the sweep is stored; start Redis, then `apg-farm sweep resume NAME` sends it",
         ) from None
 
@@ -65,28 +75,21 @@ def _safe_url(url: str) -> str:
 
 
 def _progress(store: Store, sweep_id: int) -> tuple[int, int, int]:
+    """(done, total, active beds of the sweep's pool)."""
+    done, total = done_count(store, sweep_id)
     with store.read() as session:
-        total = session.scalar(
-            select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id)
-        )
-        done = session.scalar(
-            select(func.count())
-            .select_from(Attempt)
-            .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.DONE)
-        )
         pool = session.scalar(select(Sweep.pool).where(Sweep.id == sweep_id))
         active = session.scalar(
             select(func.count())
             .select_from(Bed)
             .where(Bed.pool == pool, Bed.state == BedState.ACTIVE)
         )
-    return done or 0, total or 0, active or 0
+    return done, total, active or 0
 
 
 def wait_for_sweep(store: Store, sweep_id: int) -> bool:
     """Block with a progress bar until every attempt has an outcome; reconcile while waiting."""
-    settings = load_settings()
-    assert settings.broker_url
+    settings, broker_url = require_broker()
     app = make_app(settings)
     last_reconcile = time.monotonic()
     with Progress(
@@ -109,16 +112,14 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
                 )
                 return False
             if time.monotonic() - last_reconcile >= settings.reconcile_seconds:
-                reconcile(store, app, settings.broker_url, unacked_grace=settings.lease_seconds)
+                reconcile(store, app, broker_url, unacked_grace=settings.lease_seconds)
                 last_reconcile = time.monotonic()
             time.sleep(0.5)
 
 
 def maintenance_via_worker(store: Store, bed: Bed, action: str, *, timeout: float = 600) -> str:
     """Send a maintenance action to the bed's own queue and wait for the event its worker records."""
-    settings = load_settings()
-    if not settings.broker_url:
-        raise BadInput("--via-worker needs a broker", field="APG_FARM_BROKER_URL")
+    settings, _ = require_broker()
     since = utcnow()
     make_app(settings).send_task(
         BED_MAINTENANCE, args=(bed.name, action), queue=bed_queue(bed.name)
@@ -146,11 +147,7 @@ def worker_cmd(
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
     """Start the Celery worker pinned to one bed: its pool's attempts and its own maintenance queue."""
-    settings = load_settings()
-    if not settings.broker_url:
-        raise BadInput(
-            "no broker configured", field="APG_FARM_BROKER_URL", fix="set it to redis://host:6379/0"
-        )
+    settings, _ = require_broker()
     store = open_store()
     row = get_bed(store, bed)
     if row.state == BedState.REMOVED:
@@ -195,19 +192,13 @@ def scheduler_cmd(
     interval: Annotated[float | None, typer.Option(help="Seconds between passes.")] = None,
 ) -> None:
     """Reconcile the broker with the store in a loop: expired leases, lost or missing messages."""
-    settings = load_settings()
-    if not settings.broker_url:
-        raise BadInput(
-            "no broker configured", field="APG_FARM_BROKER_URL", fix="set it to redis://host:6379/0"
-        )
+    settings, broker_url = require_broker()
     store = open_store()
     app = make_app(settings)
     every = interval or settings.reconcile_seconds
     while True:
         try:
-            result = reconcile(
-                store, app, settings.broker_url, unacked_grace=settings.lease_seconds
-            )
+            result = reconcile(store, app, broker_url, unacked_grace=settings.lease_seconds)
             if result.expired or result.resent or once:
                 out.print(result.describe())
         except Exception as error:

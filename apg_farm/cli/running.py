@@ -5,31 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from sqlalchemy import func, select
 
 from apg_farm.cli.common import err
+from apg_farm.cli.progress import done_count
 from apg_farm.mounts import doctor_bed
-from apg_farm.store import Attempt, AttemptState, Bed, Store
+from apg_farm.store import Bed, Store
 from workers.embedded import EmbeddedExecutor
 from workers.engine import AttemptReport
 
 
-def _done_count(store: Store, sweep_id: int) -> tuple[int, int]:
-    with store.read() as session:
-        total = session.scalar(
-            select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id)
-        )
-        done = session.scalar(
-            select(func.count())
-            .select_from(Attempt)
-            .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.DONE)
-        )
-    return done or 0, total or 0
-
-
 def execute_sweep(store: Store, sweep_id: int) -> bool:
     """Run every remaining attempt on the pool's beds; False when some could not be run."""
-    done, total = _done_count(store, sweep_id)
+    done, total = done_count(store, sweep_id)
     with Progress(
         TextColumn("[bold]attempts"),
         BarColumn(),
@@ -42,7 +29,7 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
         bar = progress.add_task("attempts", total=total, completed=done, last="")
 
         def on_report(report: AttemptReport) -> None:
-            finished, _ = _done_count(store, sweep_id)
+            finished, _ = done_count(store, sweep_id)
             label = report.outcome or f"retry ({report.verdict.reason[:60]})"
             progress.update(
                 bar, completed=finished, last=f"{report.claim.task} {report.claim.model}: {label}"
@@ -57,7 +44,7 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
         except KeyboardInterrupt:
             executor.stop()
             raise
-        progress.update(bar, completed=_done_count(store, sweep_id)[0])
+        progress.update(bar, completed=done_count(store, sweep_id)[0])
     for problem in result.errors:
         err.print(f"[red]error:[/] {problem}")
     if result.stranded:
