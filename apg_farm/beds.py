@@ -153,18 +153,6 @@ def record_event(store: Store, bed_id: int, kind: str, detail: str) -> None:
         session.add(BedEvent(bed_id=bed_id, kind=kind, detail=detail))
 
 
-def record_escrow(store: Store, name: str, escrow_set: str) -> None:
-    """Remember the absolute path of the bed's trusted verifier (outside its project)."""
-    with store.session() as session:
-        row = session.scalar(select(Bed).where(Bed.name == name).with_for_update())
-        if row is None:
-            raise NotFound(f"no bed named {name!r}", fix="see `apg-farm bed list`")
-        root = Path(row.approot)
-        if Path(escrow_set) == root or root in Path(escrow_set).parents:
-            raise BadInput(f"{escrow_set} is inside the bed's project", field="escrow set")
-        row.escrow_set = check_arg("escrow set", escrow_set)
-        session.add(BedEvent(bed_id=row.id, kind="escrow", detail=escrow_set))
-
 
 def quarantine_bed(store: Store, name: str, reason: str) -> None:
     """Take an active bed out of its pool until a human releases it (`apg-farm bed release`)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from apg_farm.specs import SweepSpec
@@ -19,7 +20,11 @@ SOFT_LIMIT_GRACE = 60.0
 def _safe(text: str) -> str:
     # Queue names end up as Redis keys and in log lines: keep them to a tame alphabet.
     # No commas: celery -Q takes a comma-separated list, and pool keys are comma-joined fixtures.
-    return re.sub(r"[^A-Za-z0-9._@:+-]", "_", text.replace(",", "+"))
+    tame = re.sub(r"[^A-Za-z0-9._@:+-]", "_", text.replace(",", "+"))
+    if tame.replace("+", ",") == text:
+        return tame
+    # Characters were replaced: two different names could now read the same, so name the original.
+    return f"{tame}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 def pool_queue(pool: str) -> str:
