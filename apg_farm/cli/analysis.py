@@ -24,7 +24,7 @@ from apg_farm.errors import BadInput
 from apg_farm.export import export_eee
 from apg_farm.html_report import render_html
 from apg_farm.regression import Policy, check
-from apg_farm.report import find_sweep
+from apg_farm.report import CELL_COUNTS, find_sweep
 from apg_farm.seal import default_directory, seal, verify
 from apg_farm.watch import render, snapshot
 from scheduler.control import sweep_status
@@ -37,13 +37,7 @@ CSV_COLUMNS = (
     "task",
     "model",
     "n",
-    "passed",
-    "failed",
-    "no_attempt",
-    "tampered",
-    "skipped",
-    "invalid",
-    "error",
+    *CELL_COUNTS.values(),
     "pending",
     "cancelled",
     "pass_rate",

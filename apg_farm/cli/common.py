@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from apg_farm.report import CELL_COUNTS
 from apg_farm.settings import load_settings
 from apg_farm.store import Store
 
@@ -44,19 +45,7 @@ def report_table(report: dict[str, Any]) -> Table:
             cell["model"],
             str(cell["n"]),
             *_rate(cell),
-            *(
-                str(cell[k])
-                for k in (
-                    "passed",
-                    "failed",
-                    "no_attempt",
-                    "tampered",
-                    "skipped",
-                    "invalid",
-                    "error",
-                    "pending",
-                )
-            ),
+            *(str(cell[k]) for k in (*CELL_COUNTS.values(), "pending")),
         )
     outcomes = ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()) or "none"
     table.caption = f"outcomes: {outcomes}. n counts PASSED+FAILED+NO_ATTEMPT+TAMPERED."
