@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from apg_farm import __version__
 from apg_farm.errors import BadInput, NotFound
+from apg_farm.specs import NAME
 from apg_farm.store import utcnow
 
 FORMAT = "apg-farm-baseline/1"
 
 #: Baseline names become file names: keep them portable.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 #: Keys of an analysis a baseline keeps; phases and beds describe the farm, not the models.
 _KEPT = ("sweep", "k", "outcomes", "cells", "models", "comparisons", "provenance")
@@ -66,7 +65,7 @@ def build(
     notes: str | None = None,
 ) -> dict[str, Any]:
     """The baseline document for an analysis (see `apg_farm.analysis.analyse`)."""
-    if not _NAME.match(name):
+    if not NAME.fullmatch(name):
         raise BadInput(
             f"{name!r} is not a usable baseline name",
             field="--name",

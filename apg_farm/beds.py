@@ -14,7 +14,7 @@ from apg_farm.bedenv import bed_environment
 from apg_farm.contract import check_arg
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
-from apg_farm.specs import _NAME, pool_key
+from apg_farm.specs import NAME, pool_key
 from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store
 
 
@@ -50,7 +50,7 @@ def _resolve_ddev(ddev: str) -> str:
 
 def validate_new_bed(bed: NewBed) -> Bed:
     """Check everything about a bed before it is stored; every error names the flag to change."""
-    if not _NAME.fullmatch(bed.name):
+    if not NAME.fullmatch(bed.name):
         raise BadInput(
             f"{bed.name!r} is not a bed name",
             field="NAME",
@@ -104,16 +104,21 @@ def validate_new_bed(bed: NewBed) -> Bed:
 def add_bed(store: Store, bed: NewBed) -> Bed:
     """Enrol a bed; a name already taken is an error, not an update."""
     row = validate_new_bed(bed)
+    store_new_bed(store, row, detail=f"{row.approot} pool={row.pool}")
+    return row
+
+
+def store_new_bed(store: Store, row: Bed, *, detail: str) -> None:
+    """Insert a validated bed row with its "added" event; a name already taken is refused."""
     with store.session() as session:
-        if session.scalar(select(Bed.id).where(Bed.name == bed.name)) is not None:
+        if session.scalar(select(Bed.id).where(Bed.name == row.name)) is not None:
             raise BadInput(
-                f"a bed named {bed.name!r} exists", field="NAME", fix="choose another name"
+                f"a bed named {row.name!r} exists", field="NAME", fix="choose another name"
             )
         session.add(row)
         session.flush()
-        session.add(BedEvent(bed_id=row.id, kind="added", detail=f"{row.approot} pool={row.pool}"))
+        session.add(BedEvent(bed_id=row.id, kind="added", detail=detail))
         session.expunge(row)
-    return row
 
 
 def get_bed(store: Store, name: str) -> Bed:
@@ -151,7 +156,6 @@ def release_bed(store: Store, name: str, *, note: str = "released by operator") 
 def record_event(store: Store, bed_id: int, kind: str, detail: str) -> None:
     with store.session() as session:
         session.add(BedEvent(bed_id=bed_id, kind=kind, detail=detail))
-
 
 
 def quarantine_bed(store: Store, name: str, reason: str) -> None:

@@ -8,13 +8,14 @@ from pathlib import Path
 from sqlalchemy import select
 
 from apg_farm.bedenv import bed_environment
+from apg_farm.beds import store_new_bed
 from apg_farm.contract import check_arg
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.escrow import EscrowRecord, record_escrow_set
 from apg_farm.settings import load_settings
-from apg_farm.specs import _NAME, pool_key
-from apg_farm.store import Bed, BedEvent, BedState, Store
+from apg_farm.specs import NAME, pool_key
+from apg_farm.store import Bed, BedState, Store
 from apg_farm.transports.ssh import SshTarget, SshTransport, parse_ssh_address
 
 
@@ -92,7 +93,7 @@ def validate_remote_bed(
     bed: NewRemoteBed, *, transport: SshTransport | None = None
 ) -> CheckedRemoteBed:
     """Check everything, reaching the host: the approot and ddev must be there; errors name the flag."""
-    if not _NAME.fullmatch(bed.name):
+    if not NAME.fullmatch(bed.name):
         raise BadInput(
             f"{bed.name!r} is not a bed name",
             field="NAME",
@@ -137,16 +138,9 @@ def add_remote_bed(store: Store, bed: NewRemoteBed) -> tuple[Bed, str | None, Es
     """Enrol a bed on another host: (the stored row, the pinning sentence, the escrow recorded)."""
     checked = validate_remote_bed(bed)
     row = checked.row
-    with store.session() as session:
-        if session.scalar(select(Bed.id).where(Bed.name == bed.name)) is not None:
-            raise BadInput(
-                f"a bed named {bed.name!r} exists", field="NAME", fix="choose another name"
-            )
-        session.add(row)
-        session.flush()
-        where = f"ssh {checked.transport.target.label}:{row.approot} pool={row.pool}"
-        session.add(BedEvent(bed_id=row.id, kind="added", detail=where))
-        session.expunge(row)
+    store_new_bed(
+        store, row, detail=f"ssh {checked.transport.target.label}:{row.approot} pool={row.pool}"
+    )
     record = None
     if bed.escrow_set is not None:
         record = record_escrow_set(store, row, bed.escrow_set, transport=checked.transport)

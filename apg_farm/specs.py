@@ -16,8 +16,8 @@ from apg_farm.errors import BadInput, NotFound
 
 #: Characters DDEV passes through a container shell unharmed (contract §2).
 _SAFE = re.compile(r"[A-Za-z0-9._@=:/-]+")
-#: Sweep names also name things on disk and in URLs: no slashes.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: Sweep, bed and baseline names also name things on disk and in URLs: no slashes.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def _safe(value: str) -> str:
@@ -31,7 +31,7 @@ def _safe(value: str) -> str:
 def _name(value: str) -> str:
     if value.isdigit():
         raise ValueError(f"{value!r} would read as a sweep id; use a name with a letter in it")
-    if not _NAME.fullmatch(value):
+    if not NAME.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a sweep name; use 1-100 letters, digits, '.', '_' or '-', starting alphanumeric"
         )

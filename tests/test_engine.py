@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
+from apg_farm.bedenv import ALLOWED_BASE_NAMES, ATTEMPT_VARIABLE, FORCED
 from apg_farm.claims import requeue_expired
 from apg_farm.outcomes import Outcome
 from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store
@@ -81,6 +82,19 @@ def test_bed_commands_never_see_farm_settings(
         names = set(line["env"])
         assert not names & {"APG_FARM_DATABASE_URL", "APG_FARM_BROKER_URL", "AWS_SECRET_ACCESS_KEY"}
         assert {"NO_COLOR", "AI_PG_NO_IMPORT"} <= names
+        # Nothing beyond the allow-list, the forced names and the bed's own settings (plus what
+        # /bin/sh, which launches the simulated ddev, exports by itself).
+        allowed = {
+            *ALLOWED_BASE_NAMES,
+            *FORCED,
+            *bed.env,
+            ATTEMPT_VARIABLE,
+            "PWD",
+            "SHLVL",
+            "OLDPWD",
+            "_",
+        }
+        assert names <= allowed, names - allowed
     run_env = next(set(line["env"]) for line in log if line["command"] == "ai-eval-run")
     assert "APG_FARM_ATTEMPT" in run_env
 

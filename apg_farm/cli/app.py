@@ -24,7 +24,7 @@ from apg_farm.seal import refuse_if_sealed
 from apg_farm.specs import load_sweep
 from apg_farm.store import BedState, Store
 from scheduler.control import cancel_sweep, parse_retry_outcomes, retry_attempts
-from scheduler.submit import submit
+from scheduler.submit import Submission, submit
 from workers.celery_app import make_app
 
 app = typer.Typer(
@@ -223,11 +223,7 @@ def sweep_submit(
 ) -> None:
     """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds."""
     store = open_store()
-    spec = load_sweep(file)
-    if distributed.broker_configured():
-        distributed.check_limits(spec)
-    result = submit(store, spec)
-    out.print(result.describe())
+    result = _submit_file(store, file)
     if not distributed.broker_configured():
         if wait:
             raise BadInput(
@@ -287,12 +283,7 @@ def sweep_cancel(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]
 def run_cmd(file: Path) -> None:
     """Submit a sweep file and run it to the end (embedded, or on the workers when a broker is set)."""
     store = open_store()
-    spec = load_sweep(file)
-    if distributed.broker_configured():
-        distributed.check_limits(spec)
-    submission = submit(store, spec)
-    out.print(submission.describe())
-    _run_to_the_end(store, submission.sweep_id)
+    _run_to_the_end(store, _submit_file(store, file).sweep_id)
 
 
 @app.command("report")
@@ -330,6 +321,16 @@ def sweep_resume(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]
     """Run what is left of a sweep (after an interruption, a retry or a bed release)."""
     store = open_store()
     _run_to_the_end(store, find_sweep(store, sweep).id)
+
+
+def _submit_file(store: Store, file: Path) -> Submission:
+    """Load, check against the broker's limits when there is one, submit, and say what happened."""
+    spec = load_sweep(file)
+    if distributed.broker_configured():
+        distributed.check_limits(spec)
+    submission = submit(store, spec)
+    out.print(submission.describe())
+    return submission
 
 
 def _run_to_the_end(store: Store, sweep_id: int) -> None:
