@@ -194,10 +194,16 @@ def test_bad_bed_output_is_invalid_and_nothing_is_lost(store: Store, tmp_path: P
         2: {"non_utf8": True},
         3: {"huge_output": {"bytes": 8 * 1024 * 1024}},
     }
-    make_beds(store, tmp_path, 4, faults=faults)
-    sweep_id = submit(store, spec(tasks=1, models=2, trials=2)).sweep_id
-    _run(store, sweep_id)
-    attempts = _attempts(store, sweep_id)
+    beds = make_beds(store, tmp_path, 4, faults=faults)
+    attempts = []
+    for index in faults:
+        # One bed at a time, so each fault surely grades one attempt (threads race otherwise).
+        with store.session() as session:
+            for bed in session.scalars(select(Bed)):
+                bed.state = BedState.ACTIVE if bed.name == beds[index].name else BedState.DRAINING
+        sweep_id = submit(store, spec(f"bad{index}", tasks=1, models=1, trials=1)).sweep_id
+        _run(store, sweep_id)
+        attempts += _attempts(store, sweep_id)
     assert [a.outcome for a in attempts] == [Outcome.INVALID] * 4
     reasons = " ".join(a.reason or "" for a in attempts)
     for problem in ("not_json", "other_task", "not_utf8", "too_large"):
