@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from apg_farm.queues import attempt_of
+from scheduler.queues import attempt_of
 
 #: kombu's Redis transport keeps delivered-but-unacknowledged messages in this hash.
 UNACKED_KEY = "unacked"

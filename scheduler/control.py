@@ -7,10 +7,9 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from apg_farm.contract import Outcome
 from apg_farm.errors import BadInput, NotFound
-from apg_farm.outcomes import Outcome
-from apg_farm.store import Attempt, AttemptState, Bed, Store, Sweep, rowcount, utcnow
-from apg_farm.store.models import SweepState
+from apg_farm.store import Attempt, AttemptState, Bed, Store, Sweep, SweepState, rowcount, utcnow
 
 
 def cancel_sweep(store: Store, sweep_id: int) -> int:

@@ -12,12 +12,10 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from apg_farm.claims import requeue_expired
-from apg_farm.publish import Sender, publish_attempts
-from apg_farm.queues import pool_queue
-from apg_farm.store import Attempt, AttemptState, Store, Sweep, utcnow
-from apg_farm.store.models import SweepState
+from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, requeue_expired, utcnow
 from scheduler.broker_view import attempts_with_messages
+from scheduler.publish import Sender, publish_attempts
+from scheduler.queues import pool_queue
 
 #: A message sent this recently may be between the queue and a worker's unacked set: leave it.
 IN_FLIGHT_GRACE = timedelta(seconds=10)

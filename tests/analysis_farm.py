@@ -17,9 +17,9 @@ import pytest
 
 from apg_farm.store import Store
 from fixtures import simbed
-from scheduler.submit import submit
+from scheduler import submit
 from tests.simbeds import TEST_TIME_SCALE, make_beds, spec
-from workers.embedded import EmbeddedExecutor
+from workers import EmbeddedExecutor
 
 WEAK_MODEL = "openai/gpt-6"
 TASKS = simbed.DEFAULT_TASKS[:2]

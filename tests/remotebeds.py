@@ -8,10 +8,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from apg_farm import maintenance
-from apg_farm.beds import get_bed
-from apg_farm.escrow import enrol_escrow
-from apg_farm.remote_beds import NewRemoteBed, add_remote_bed
+from apg_farm.beds import NewRemoteBed, add_remote_bed, enrol_escrow, get_bed, run_provision
 from apg_farm.store import Attempt, Bed, Store
 from fixtures import simbed
 from tests.simbeds import TEST_TIME_SCALE
@@ -59,7 +56,7 @@ def remote_beds(
             ),
         )
         bed = get_bed(store, name)
-        maintenance.provision(bed)
+        run_provision(bed)
         enrol_escrow(store, bed)
         beds.append(get_bed(store, name))
     return beds

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from apg_farm.beds import get_bed
-from apg_farm.cli.demo import simulated_bed
+from apg_farm.cli import simulated_bed
 from apg_farm.specs import SweepSpec, Timeouts
 from apg_farm.store import Bed, Store
 from fixtures import simbed

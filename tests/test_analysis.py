@@ -14,12 +14,16 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from apg_farm.analysis import analyse
-from apg_farm.cli.analysis import CSV_COLUMNS, report_csv
-from apg_farm.html_report import render_html
-from apg_farm.outcomes import COUNTED, Outcome
-from apg_farm.report import find_sweep
-from apg_farm.stats import paired_comparison, wilson
+from apg_farm.contract import COUNTED, Outcome
+from apg_farm.results import (
+    CSV_COLUMNS,
+    analyse,
+    find_sweep,
+    paired_comparison,
+    render_html,
+    report_csv,
+    wilson,
+)
 from apg_farm.store import Attempt
 from tests.analysis_farm import Farm, shared_farm
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apg_farm.bedenv import (
+from apg_farm.contract import (
     ALLOWED_BASE_NAMES,
     FORCED,
     bed_environment,

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from apg_farm.cli.app import main
-from apg_farm.report import find_sweep
+from apg_farm.cli import main
+from apg_farm.results import find_sweep
 from apg_farm.store import Attempt, Execution
 from tests.analysis_farm import WEAK_MODEL, Farm, shared_farm
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import yaml
 
-from apg_farm.queues import attempt_time_limits
 from apg_farm.settings import Settings
 from apg_farm.specs import parse_sweep
-from workers.celery_app import make_app
+from scheduler import attempt_time_limits
+from workers import make_app
 
 COMPOSE = Path(__file__).resolve().parents[1] / "docker-compose.yml"
 

@@ -13,17 +13,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from apg_farm.publish import publish_attempts
-from apg_farm.queues import pool_queue
 from apg_farm.settings import Settings
 from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store
 from fixtures import simbed
-from scheduler.reconciler import reconcile
-from scheduler.submit import submit
+from scheduler import pool_queue, publish_attempts, reconcile, submit
 from tests.services import RedisServer, Workers, redis_server
 from tests.simbeds import make_beds, spec
-from workers.celery_app import make_app
-from workers.embedded import EmbeddedExecutor
+from workers import EmbeddedExecutor, make_app
 
 LEASE = 3.0
 

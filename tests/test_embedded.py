@@ -9,15 +9,14 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from apg_farm.outcomes import Outcome
-from apg_farm.report import find_sweep, sweep_report
+from apg_farm.contract import Outcome
+from apg_farm.results import find_sweep, sweep_report
 from apg_farm.specs import Timeouts
 from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store
 from fixtures import simbed
-from scheduler.control import cancel_sweep
-from scheduler.submit import submit
+from scheduler import cancel_sweep, submit
 from tests.simbeds import make_beds, spec
-from workers.embedded import EmbeddedExecutor
+from workers import EmbeddedExecutor
 
 
 def _run(store: Store, sweep_id: int) -> None:

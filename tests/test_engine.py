@@ -10,14 +10,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from apg_farm.bedenv import ALLOWED_BASE_NAMES, ATTEMPT_VARIABLE, FORCED
-from apg_farm.claims import requeue_expired
-from apg_farm.outcomes import Outcome
-from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store
+from apg_farm.contract import ALLOWED_BASE_NAMES, ATTEMPT_VARIABLE, FORCED, Outcome
+from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, requeue_expired
 from fixtures import simbed
-from scheduler.submit import submit
+from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers.engine import AttemptEngine
+from workers import AttemptEngine
 
 
 def test_a_claim_lost_mid_attempt_is_counted_once(store: Store, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Tests for apg_farm.envelope: reading a grade envelope for one attempt."""
+"""Tests for apg_farm.contract.envelope: reading a grade envelope for one attempt."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from apg_farm.envelope import (
+from apg_farm.contract import (
     MAX_ENVELOPE_BYTES,
     EnvelopeError,
     Grade,
-    _validator,
     model_matches,
     read_grade,
+    schema_validator,
 )
 from apg_farm.errors import ContractViolation
 
@@ -96,7 +96,7 @@ def test_failed_verdict() -> None:
 
 def test_validator_cached() -> None:
     """The schema validator is built once."""
-    assert _validator() is _validator()
+    assert schema_validator() is schema_validator()
 
 
 def test_envelope_error_is_contract_violation() -> None:

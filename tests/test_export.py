@@ -9,15 +9,13 @@ import pytest
 from jsonschema import Draft7Validator
 from sqlalchemy import select
 
-from apg_farm.analysis import analyse
-from apg_farm.export import export_eee, model_slug
-from apg_farm.report import find_sweep
+from apg_farm.results import analyse, export_eee, find_sweep, model_slug
 from apg_farm.store import Attempt, Execution
 from tests.analysis_farm import Farm, shared_farm
 
 #: The official schema as shipped with the project's shared material; the bundled copy otherwise.
 OFFICIAL = Path(__file__).resolve().parents[2] / "shared/every_eval_ever/eval.schema.v0.2.2.json"
-BUNDLED = Path(__file__).resolve().parents[1] / "apg_farm/schemas/eval.schema.v0.2.2.json"
+BUNDLED = Path(__file__).resolve().parents[1] / "apg_farm/contract/schemas/eval.schema.v0.2.2.json"
 
 
 @pytest.fixture(scope="module")

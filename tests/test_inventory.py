@@ -12,17 +12,15 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from apg_farm.beds import get_bed
-from apg_farm.claims import claim_next
+from apg_farm.beds import apply_inventory, get_bed, load_inventory
 from apg_farm.errors import BadInput
-from apg_farm.inventory import apply_inventory, load_inventory
-from apg_farm.store import Attempt, AttemptState, BedState, Store
+from apg_farm.store import Attempt, AttemptState, BedState, Store, claim_next
 from fixtures import simbed
-from scheduler.submit import submit
+from scheduler import submit
 from tests.remotebeds import remote_config
 from tests.simbeds import TEST_TIME_SCALE, spec
 from tests.sshd import start_sshd
-from workers.engine import AttemptEngine
+from workers import AttemptEngine
 
 
 def write(path: Path, data: object) -> Path:
@@ -196,7 +194,7 @@ def test_removing_a_busy_bed_drains_it_first(store: Store, tmp_path: Path) -> No
 
 
 def _beds(store: Store) -> list[object]:
-    from apg_farm.beds import list_beds
+    from apg_farm.beds.registry import list_beds
 
     return list(list_beds(store))
 

@@ -8,9 +8,7 @@ from typing import Any
 
 import pytest
 
-from apg_farm.beds import get_bed
-from apg_farm.mounts import check_bed_mounts, classify_container, doctor_bed
-from apg_farm.remote_beds import set_docker_host
+from apg_farm.beds import check_bed_mounts, classify_container, doctor_bed, get_bed, set_docker_host
 from apg_farm.store import BedState, Store
 from tests.docker_api import bind, fake_docker, web_container
 from tests.remotebeds import REMOTE_PATH, remote_beds

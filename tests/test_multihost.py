@@ -9,15 +9,15 @@ from pathlib import Path
 from sqlalchemy import select
 
 from apg_farm.beds import get_bed
-from apg_farm.outcomes import Outcome
+from apg_farm.contract import Outcome
 from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store
 from apg_farm.transports import Transport
 from apg_farm.transports.ssh import SshTransport, target_of
-from scheduler.submit import submit
+from scheduler import submit
 from tests.netns import netns_hosts
 from tests.remotebeds import outcome_counts, remote_beds
 from tests.simbeds import make_beds, spec
-from workers.embedded import EmbeddedExecutor, ExecutorResult
+from workers import EmbeddedExecutor, ExecutorResult
 
 #: Host A's beds are slow enough that the cut lands inside an agent run.
 SLOW = {"time_scale": 200}

@@ -7,17 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from apg_farm.contract import PhaseOutput, read_output
-from apg_farm.envelope import read_grade
-from apg_farm.outcomes import (
+from apg_farm.contract import (
     TOKENS,
     Outcome,
+    PhaseOutput,
     Verdict,
     judge_grade,
     judge_reset,
     judge_run,
     judge_verify_after,
     judge_verify_before,
+    read_grade,
+    read_output,
 )
 from apg_farm.transports import Captured, CommandResult
 

@@ -8,8 +8,7 @@ from sqlalchemy import func, select
 from apg_farm.errors import BadInput
 from apg_farm.specs import parse_sweep
 from apg_farm.store import Attempt, Store
-from scheduler.plan import expand
-from scheduler.submit import submit
+from scheduler import expand, submit
 
 SPEC = {"name": "s", "tasks": ["t1", "t2", "t3"], "models": ["m1", "m2"], "trials": 10}
 

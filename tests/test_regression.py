@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apg_farm.compare import Side, compare
-from apg_farm.regression import Policy, check
+from apg_farm.results import CheckPolicy, Side, check_regression, compare
 
 M1, M2 = "anthropic/m1", "openai/m2"
 
@@ -62,14 +61,16 @@ BASE = {("t1", M1): (40, 50), ("t2", M1): (30, 50), ("t1", M2): (20, 50), ("t2",
 
 def test_identical_results_pass() -> None:
     """A candidate equal to its baseline passes with no finding."""
-    verdict = check(side(grid(BASE)), side(grid(BASE)), Policy())
+    verdict = check_regression(side(grid(BASE)), side(grid(BASE)), CheckPolicy())
     assert verdict.ok and verdict.failures == [] and verdict.warnings == []
 
 
 def test_model_drop_beyond_tolerance_fails_and_names_the_model() -> None:
     """M2 pooled 45% -> 30%: 15 points over a 5-point tolerance."""
     candidate = {**BASE, ("t1", M2): (12, 50), ("t2", M2): (18, 50)}
-    verdict = check(side(grid(BASE)), side(grid(candidate)), Policy(max_rate_drop=0.05))
+    verdict = check_regression(
+        side(grid(BASE)), side(grid(candidate)), CheckPolicy(max_rate_drop=0.05)
+    )
     assert not verdict.ok
     assert any(f.startswith(f"model {M2}: pass rate 45%") for f in verdict.failures)
     assert not any(M1 in f for f in verdict.failures)
@@ -78,30 +79,36 @@ def test_model_drop_beyond_tolerance_fails_and_names_the_model() -> None:
 def test_drop_within_tolerance_passes() -> None:
     """A 2-point drop is inside a 5-point tolerance; a 0-point tolerance catches it."""
     candidate = {**BASE, ("t1", M1): (39, 50), ("t2", M1): (29, 50)}
-    assert check(side(grid(BASE)), side(grid(candidate)), Policy(max_rate_drop=0.05)).ok
-    assert not check(side(grid(BASE)), side(grid(candidate)), Policy(max_rate_drop=0.0)).ok
+    assert check_regression(
+        side(grid(BASE)), side(grid(candidate)), CheckPolicy(max_rate_drop=0.05)
+    ).ok
+    assert not check_regression(
+        side(grid(BASE)), side(grid(candidate)), CheckPolicy(max_rate_drop=0.0)
+    ).ok
 
 
 def test_exact_tolerance_is_allowed() -> None:
     """A drop of exactly the tolerance (10/100 -> 5/100 at 0.05) passes despite float noise."""
     base = grid({("t", M1): (10, 100)})
     candidate = grid({("t", M1): (5, 100)})
-    assert check(side(base), side(candidate), Policy(max_rate_drop=0.05)).ok
+    assert check_regression(side(base), side(candidate), CheckPolicy(max_rate_drop=0.05)).ok
 
 
 def test_significant_only_tolerates_noise() -> None:
     """2/3 -> 1/3 is a 33-point drop, but its interval spans zero: counted only without the flag."""
     base, candidate = grid({("t", M1): (2, 3)}), grid({("t", M1): (1, 3)})
-    strict = check(side(base), side(candidate), Policy())
+    strict = check_regression(side(base), side(candidate), CheckPolicy())
     assert not strict.ok
-    lenient = check(side(base), side(candidate), Policy(significant_only=True))
+    lenient = check_regression(side(base), side(candidate), CheckPolicy(significant_only=True))
     assert lenient.ok and any("not significant" in w for w in lenient.warnings)
 
 
 def test_clear_drop_on_one_task_fails_even_when_the_model_holds() -> None:
     """t1 falls 40/50 -> 10/50 while t2 rises: the pooled rate barely moves, the cell fails."""
     candidate = {**BASE, ("t1", M1): (10, 50), ("t2", M1): (50, 50)}
-    verdict = check(side(grid(BASE)), side(grid(candidate)), Policy(max_rate_drop=0.1))
+    verdict = check_regression(
+        side(grid(BASE)), side(grid(candidate)), CheckPolicy(max_rate_drop=0.1)
+    )
     assert [f for f in verdict.failures if f.startswith(f"t1 {M1}")]
     assert not [f for f in verdict.failures if f.startswith(f"model {M1}")]
 
@@ -111,24 +118,29 @@ def test_invalid_and_error_allowances() -> None:
     cells = grid(BASE)
     cells[0] = cell("t1", M1, 40, 50, invalid=2)
     cells[1] = cell("t2", M1, 30, 50, error=1)
-    verdict = check(side(grid(BASE)), side(cells), Policy())
+    verdict = check_regression(side(grid(BASE)), side(cells), CheckPolicy())
     assert any("2 INVALID" in f and f"t1 {M1}: 2" in f for f in verdict.failures)
     assert any("1 ERROR" in f for f in verdict.failures)
-    assert check(side(grid(BASE)), side(cells), Policy(max_invalid=2, max_error=1)).ok
+    assert check_regression(
+        side(grid(BASE)), side(cells), CheckPolicy(max_invalid=2, max_error=1)
+    ).ok
 
 
 def test_unfinished_or_missing_candidate_fails() -> None:
     """Queued attempts, a missing cell, or a cell with nothing counted all fail."""
     cells = grid(BASE)
     cells[0] = cell("t1", M1, 40, 50, pending=3)
-    assert any("unfinished" in f for f in check(side(grid(BASE)), side(cells), Policy()).failures)
-    missing = check(side(grid(BASE)), side(grid(BASE)[1:]), Policy())
+    assert any(
+        "unfinished" in f
+        for f in check_regression(side(grid(BASE)), side(cells), CheckPolicy()).failures
+    )
+    missing = check_regression(side(grid(BASE)), side(grid(BASE)[1:]), CheckPolicy())
     assert any(f"t1 {M1}: in the baseline, not in the candidate" in f for f in missing.failures)
     empty = grid(BASE)
     empty[0] = cell("t1", M1, 0, 0, error=50)
     assert any(
         "no counted attempt" in f
-        for f in check(side(grid(BASE)), side(empty), Policy(max_error=50)).failures
+        for f in check_regression(side(grid(BASE)), side(empty), CheckPolicy(max_error=50)).failures
     )
 
 
@@ -137,10 +149,10 @@ def test_indispensable_task_newly_failing_fails() -> None:
     (40% in the baseline too), so that is a warning, not a new failure."""
     base = side(grid(BASE), indispensable={"t2": 0.5})
     candidate = {**BASE, ("t2", M1): (20, 50)}
-    verdict = check(base, side(grid(candidate)), Policy(max_rate_drop=1.0))
+    verdict = check_regression(base, side(grid(candidate)), CheckPolicy(max_rate_drop=1.0))
     assert [f for f in verdict.failures if "indispensable task t2 newly fails" in f and M1 in f]
     strict = side(grid(BASE), indispensable={"t1": 0.8})
-    verdict = check(strict, side(grid(BASE)), Policy())
+    verdict = check_regression(strict, side(grid(BASE)), CheckPolicy())
     assert verdict.ok
     assert any("already failed for openai/m2" in w for w in verdict.warnings)
 
@@ -149,21 +161,23 @@ def test_indispensable_default_means_every_attempt_passes() -> None:
     """A gate given on the command line at 1.0: one failure among 10 breaks a perfect record."""
     base = grid({("t", M1): (10, 10)})
     candidate = grid({("t", M1): (9, 10)})
-    verdict = check(
-        side(base), side(candidate), Policy(max_rate_drop=1.0), indispensable={"t": 1.0}
+    verdict = check_regression(
+        side(base), side(candidate), CheckPolicy(max_rate_drop=1.0), indispensable={"t": 1.0}
     )
     assert not verdict.ok and "needs 100%" in verdict.failures[0]
 
 
 def test_evidence_that_does_not_verify_fails() -> None:
     """A problem with either side's evidence fails the check, whatever the rates say."""
-    verdict = check(side(grid(BASE)), side(grid(BASE), problems=("changed: x",)), Policy())
+    verdict = check_regression(
+        side(grid(BASE)), side(grid(BASE), problems=("changed: x",)), CheckPolicy()
+    )
     assert verdict.failures == ["evidence does not verify: changed: x"]
 
 
 def test_changed_fingerprint_is_a_warning() -> None:
     """A different grader tree is reported, not failed: cross-revision runs are often the point."""
-    verdict = check(side(grid(BASE)), side(grid(BASE), tree="bb"), Policy())
+    verdict = check_regression(side(grid(BASE)), side(grid(BASE), tree="bb"), CheckPolicy())
     assert verdict.ok
     assert verdict.warnings == ["provenance changed: grader_tree_sha256: aa -> bb"]
 

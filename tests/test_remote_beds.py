@@ -11,15 +11,14 @@ import pytest
 from sqlalchemy import select
 
 from apg_farm.beds import get_bed
-from apg_farm.outcomes import Outcome
+from apg_farm.contract import Outcome
 from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store
 from fixtures import simbed
-from scheduler.submit import submit
+from scheduler import submit
 from tests.remotebeds import outcome_counts, remote_beds, remote_config
 from tests.simbeds import make_beds, spec
 from tests.sshd import SshHost, start_sshd
-from workers.embedded import EmbeddedExecutor
-from workers.engine import AttemptEngine
+from workers import AttemptEngine, EmbeddedExecutor
 
 SECRET = "hunter2-farm-secret"
 
@@ -183,7 +182,7 @@ def _probe_ddev(bin_dir: Path, probes: Path) -> Path:
 
 def _probe_verifier(store: Store, bed: Bed, probes: Path) -> None:
     """Put an environment-dumping wrapper in front of the bed's escrow verifier and re-record the set."""
-    from apg_farm.escrow import record_escrow_set
+    from apg_farm.beds.escrow import record_escrow_set
 
     assert bed.escrow_set is not None
     escrow = Path(bed.escrow_set)
@@ -199,8 +198,8 @@ def test_an_escrow_set_inside_the_project_is_refused(sqlite_store: Store, tmp_pa
     """The agent can rewrite anything in the project: an escrow set there is never recorded."""
     import shutil
 
+    from apg_farm.beds.escrow import record_escrow_set
     from apg_farm.errors import ContractViolation
-    from apg_farm.escrow import record_escrow_set
 
     [bed] = make_beds(sqlite_store, tmp_path, 1)
     assert bed.escrow_set is not None

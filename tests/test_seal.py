@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from apg_farm.claims import claim_next
 from apg_farm.errors import BadInput
-from apg_farm.seal import SealedSweep, artifacts, seal, verify
-from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, Sweep
-from scheduler.submit import submit
+from apg_farm.results import SealedSweep, artifacts, seal, verify_seal
+from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, Sweep, claim_next
+from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers.embedded import EmbeddedExecutor
+from workers import EmbeddedExecutor
 
 
 def _sweep(store: Store, name: str) -> Sweep:
@@ -37,7 +36,7 @@ def finished(store: Store, tmp_path: Path) -> Sweep:
     return _sweep(store, "sealme")
 
 
-def test_seal_then_verify(store: Store, finished: Sweep, tmp_path: Path) -> None:
+def test_seal_then_verify_seal(store: Store, finished: Sweep, tmp_path: Path) -> None:
     """The manifest lists every artifact with its sha256; the store keeps the manifest's sha256."""
     sealed = seal(store, finished.id, directory=tmp_path / "seals")
     data = sealed.path.read_bytes()
@@ -51,7 +50,7 @@ def test_seal_then_verify(store: Store, finished: Sweep, tmp_path: Path) -> None
     assert any(n.endswith(":grade]/stdout") for n in names)
     assert any(n.endswith(":reset]/stderr") for n in names)
     assert names == artifacts(store, finished.id)
-    result = verify(store, _sweep(store, "sealme"))
+    result = verify_seal(store, _sweep(store, "sealme"))
     assert result.ok and result.checked == len(names)
 
 
@@ -70,7 +69,7 @@ def test_altered_envelope_is_named(store: Store, finished: Sweep, tmp_path: Path
         # One byte more: the kind of edit nobody would see by reading the JSON.
         execution.envelope = execution.envelope + b"\n"
         expected = f"attempt[{attempt.task}|{attempt.model}|{attempt.trial}]/execution[1]/envelope"
-    result = verify(store, _sweep(store, "sealme"))
+    result = verify_seal(store, _sweep(store, "sealme"))
     assert not result.ok
     assert result.changed == [expected]
     assert result.lines() == [f"changed: {expected}"]
@@ -89,13 +88,13 @@ def test_missing_added_and_manifest_changes(store: Store, finished: Sweep, tmp_p
         ).first()
         assert phase is not None
         session.delete(phase)
-    result = verify(store, _sweep(store, "sealme"))
+    result = verify_seal(store, _sweep(store, "sealme"))
     assert result.missing and all(":grade]" in n for n in result.missing)
     sealed.path.write_bytes(sealed.path.read_bytes().replace(b'"algorithm"', b'"algorithm" '))
-    result = verify(store, _sweep(store, "sealme"))
+    result = verify_seal(store, _sweep(store, "sealme"))
     assert any("manifest" in p and "changed" in p for p in result.problems)
     sealed.path.unlink()
-    assert "cannot be read" in verify(store, _sweep(store, "sealme")).problems[0]
+    assert "cannot be read" in verify_seal(store, _sweep(store, "sealme")).problems[0]
 
 
 def test_sealed_sweep_takes_no_new_executions(
@@ -123,7 +122,7 @@ def test_seal_refuses_unfinished_and_resealing(
 ) -> None:
     """Only finished evidence is sealed; a second seal needs --replace; verify needs a seal."""
     with pytest.raises(BadInput, match="is not sealed"):
-        verify(store, finished)
+        verify_seal(store, finished)
     submit(store, spec("sealme", tasks=1, models=2, trials=2, diff=False))
     with pytest.raises(BadInput, match="not finished"):
         seal(store, finished.id, directory=tmp_path)
@@ -132,4 +131,4 @@ def test_seal_refuses_unfinished_and_resealing(
     with pytest.raises(BadInput, match="--replace"):
         seal(store, finished.id, directory=tmp_path)
     again = seal(store, finished.id, directory=tmp_path, replace=True)
-    assert again.artifacts > 0 and verify(store, _sweep(store, "sealme")).ok
+    assert again.artifacts > 0 and verify_seal(store, _sweep(store, "sealme")).ok

@@ -35,7 +35,11 @@ from fixtures.simbed import (
 )
 
 SCHEMA_PATH = (
-    Path(__file__).resolve().parents[1] / "apg_farm" / "schemas" / "eval.schema.v0.2.2.json"
+    Path(__file__).resolve().parents[1]
+    / "apg_farm"
+    / "contract"
+    / "schemas"
+    / "eval.schema.v0.2.2.json"
 )
 FAST = 10000.0  # time_scale: a 900 s agent run takes 90 ms
 COLLAPSE = re.compile(r"Failed to run (\S+) ?(.*?)(?:; error=|: )exit status (\d+)\s*$")

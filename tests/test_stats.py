@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from apg_farm.stats import (
+from apg_farm.results import (
     holm,
     mcnemar_exact,
     newcombe_paired,

@@ -11,11 +11,20 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.exc import IntegrityError
 
-from apg_farm.claims import claim_next, renew_lease, requeue_expired
 from apg_farm.errors import BadInput, StoreError
 from apg_farm.specs import parse_sweep
-from apg_farm.store import Attempt, AttemptState, Base, Bed, Execution, Store
-from scheduler.submit import submit
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Base,
+    Bed,
+    Execution,
+    Store,
+    claim_next,
+    renew_lease,
+    requeue_expired,
+)
+from scheduler import submit
 
 
 def _bed(store: Store, name: str, pool: str = "canvas_home,kb_docs") -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from apg_farm.bedenv import bed_environment
+from apg_farm.contract import bed_environment
 from apg_farm.transports.base import CommandResult, Transport
 from apg_farm.transports.capture import omitted_marker
 from apg_farm.transports.local import LocalTransport

@@ -10,12 +10,11 @@ import pytest
 from rich.console import Console
 from sqlalchemy import update
 
-from apg_farm.claims import claim_next
-from apg_farm.store import Bed, BedState, Execution, Phase, Store, utcnow
-from apg_farm.watch import render, snapshot
-from scheduler.submit import submit
+from apg_farm.results import render_watch, watch_snapshot
+from apg_farm.store import Bed, BedState, Execution, Phase, Store, claim_next, utcnow
+from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers.engine import AttemptEngine
+from workers import AttemptEngine
 
 
 def test_snapshot_and_render_mid_sweep(store: Store, tmp_path: Path) -> None:
@@ -54,7 +53,7 @@ def test_snapshot_and_render_mid_sweep(store: Store, tmp_path: Path) -> None:
         )
 
     # When the view is read
-    snap = snapshot(store, sweep_id, now=now)
+    snap = watch_snapshot(store, sweep_id, now=now)
 
     # Then progress, the running attempt's phase and times, the quarantine and the ETA are right
     assert (snap["total"], snap["done"], snap["queued"]) == (4, 1, 2)
@@ -74,7 +73,7 @@ def test_snapshot_and_render_mid_sweep(store: Store, tmp_path: Path) -> None:
     assert snap["eta_seconds"] == pytest.approx((2 * typical + max(0.0, typical - 30)) / 2)
 
     console = Console(file=io.StringIO(), width=200, record=True, color_system=None)
-    console.print(render(snap))
+    console.print(render_watch(snap))
     text = console.export_text()
     assert "sweep live" in text and "1/4 done, 1 running, 2 queued on 2 active beds" in text
     assert "ETA " in text and "progress per model" in text
@@ -88,9 +87,9 @@ def test_finished_sweep_says_so(store: Store, tmp_path: Path) -> None:
     make_beds(store, tmp_path, 1)
     sweep_id = submit(store, spec("done", tasks=1, models=1, trials=1, diff=False)).sweep_id
     assert AttemptEngine(store, "bed0", worker="w").run_next(sweep_id=sweep_id) is not None
-    snap = snapshot(store, sweep_id)
+    snap = watch_snapshot(store, sweep_id)
     assert snap["eta_seconds"] == 0.0 and snap["running"] == []
     console = Console(file=io.StringIO(), width=160, record=True, color_system=None)
-    console.print(render(snap))
+    console.print(render_watch(snap))
     text = console.export_text()
     assert "finished" in text and "ETA" not in text and "no attempt running" in text

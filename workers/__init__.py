@@ -1,0 +1,21 @@
+"""Workers: running attempts on beds.
+
+`engine` runs one attempt on one bed, start to finish, recorded; `embedded` runs one thread per
+bed in one process (no broker); `celery_app` and `tasks` are the distributed mode, one Celery
+worker per bed. Imports scheduler (queue names, re-sending a retry), beds, store and contract.
+"""
+
+from __future__ import annotations
+
+from workers.celery_app import WORKER_BED, make_app
+from workers.embedded import EmbeddedExecutor, ExecutorResult
+from workers.engine import AttemptEngine, AttemptReport
+
+__all__ = [
+    "WORKER_BED",
+    "AttemptEngine",
+    "AttemptReport",
+    "EmbeddedExecutor",
+    "ExecutorResult",
+    "make_app",
+]

@@ -10,6 +10,9 @@ from celery import Celery
 from apg_farm.errors import BadInput
 from apg_farm.settings import Settings, load_settings
 
+#: The environment variable that pins a worker process to its bed (set by `apg-farm worker`).
+WORKER_BED = "APG_FARM_WORKER_BED"
+
 
 def configure(app: Celery, settings: Settings) -> None:
     """Apply the farm's delivery rules to a Celery app."""

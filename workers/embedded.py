@@ -10,9 +10,17 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 
-from apg_farm.claims import requeue_expired
 from apg_farm.defaults import IDLE_POLL_SECONDS, LEASE_SECONDS
-from apg_farm.store import Attempt, AttemptState, Bed, BedState, Store, Sweep, SweepState
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    Store,
+    Sweep,
+    SweepState,
+    requeue_expired,
+)
 from apg_farm.transports import Transport
 from workers.engine import AttemptEngine, AttemptReport
 

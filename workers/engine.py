@@ -16,11 +16,24 @@ from pathlib import PurePosixPath
 
 from sqlalchemy import select
 
-from apg_farm import contract, escrow
-from apg_farm.bedenv import bed_environment
-from apg_farm.beds import finish_draining
-from apg_farm.claims import Claim, claim_next, renew_lease
-from apg_farm.contract import PhaseOutput
+from apg_farm import contract
+from apg_farm.beds import escrow_changes_in, escrow_hash_argv, finish_draining
+from apg_farm.contract import (
+    EnvelopeError,
+    Grade,
+    Outcome,
+    PhaseOutput,
+    Verdict,
+    bed_environment,
+    judge_escrow_check,
+    judge_grade,
+    judge_reset,
+    judge_run,
+    judge_verify_after,
+    judge_verify_before,
+    read_grade,
+    with_quarantine,
+)
 from apg_farm.defaults import (
     BASELINE_DIR,
     GRADE_STDOUT_LIMIT,
@@ -29,32 +42,23 @@ from apg_farm.defaults import (
     PHASE_OUTPUT_LIMIT,
     RUN_JSON_LIMIT,
 )
-from apg_farm.envelope import EnvelopeError, Grade, read_grade
 from apg_farm.errors import FarmError
-from apg_farm.outcomes import (
-    Outcome,
-    Verdict,
-    judge_escrow_check,
-    judge_grade,
-    judge_reset,
-    judge_run,
-    judge_verify_after,
-    judge_verify_before,
-    with_quarantine,
-)
 from apg_farm.store import (
     Attempt,
     AttemptState,
     Bed,
     BedEvent,
     BedState,
+    Claim,
     Execution,
     Phase,
     Store,
     Sweep,
+    SweepState,
+    claim_next,
+    renew_lease,
     utcnow,
 )
-from apg_farm.store.models import SweepState
 from apg_farm.transports import CommandResult, Transport, host_environment, transport_for
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
@@ -388,9 +392,9 @@ class _Attempt:
     def _check_escrow(self) -> Verdict:
         """The escrow set's files against the hashes recorded at enrolment: one command on the host."""
         assert self.bed.escrow_set is not None and self.bed.escrow_files is not None
-        argv = escrow.hash_argv(self.bed.escrow_set)
+        argv = escrow_hash_argv(self.bed.escrow_set)
         output, result = self._phase_result("escrow_check", argv, self.claim.spec.timeouts.verify)
-        return judge_escrow_check(output, changes=escrow.changes_in(self.bed.escrow_files, result))
+        return judge_escrow_check(output, changes=escrow_changes_in(self.bed.escrow_files, result))
 
     def _verify(self, *, restore: bool) -> tuple[str, ...]:
         if self.bed.escrow_set:

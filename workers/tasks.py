@@ -11,18 +11,19 @@ from celery import Celery, Task, shared_task
 from celery.signals import worker_process_init
 from sqlalchemy import select
 
-from apg_farm import maintenance
-from apg_farm.beds import get_bed, record_event
-from apg_farm.escrow import enrol_escrow
-from apg_farm.mounts import doctor_bed
-from apg_farm.publish import publish_attempts
-from apg_farm.queues import BED_MAINTENANCE, RUN_ATTEMPT, pool_queue
+from apg_farm.beds import (
+    doctor_bed,
+    enrol_escrow,
+    get_bed,
+    record_event,
+    run_provision,
+)
 from apg_farm.settings import load_settings
 from apg_farm.store import Attempt, AttemptState, Bed, BedState, Store, Sweep, SweepState
+from scheduler import BED_MAINTENANCE, RUN_ATTEMPT, pool_queue, publish_attempts
+from workers.celery_app import WORKER_BED
 from workers.engine import AttemptEngine
 
-#: The environment variable that pins a worker process to its bed (set by `apg-farm worker`).
-WORKER_BED = "APG_FARM_WORKER_BED"
 #: Seconds an idle bed waits before handing back an attempt it may not take (a retry meant elsewhere).
 HAND_BACK_DELAY = 1.0
 
@@ -121,7 +122,7 @@ def bed_maintenance(self: Task, bed_name: str, action: str) -> str:
         healthy, verdict = doctor_bed(store, bed)
         return "healthy" if healthy else f"unhealthy: {str(verdict)[:180]}"
     elif action == "provision":
-        maintenance.provision(bed)
+        run_provision(bed)
         detail = "provisioned"
     elif action == "escrow":
         # enrol_escrow records its own "escrow" event with the set's path.

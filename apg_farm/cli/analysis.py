@@ -3,8 +3,6 @@ export, and the live sweep status."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import sys
 import time
@@ -16,37 +14,33 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from apg_farm import baseline as baselines
-from apg_farm.analysis import analyse
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
-from apg_farm.compare import Side, compare, load_side
 from apg_farm.errors import BadInput
-from apg_farm.export import export_eee
-from apg_farm.html_report import render_html
-from apg_farm.regression import Policy, check
-from apg_farm.report import CELL_COUNTS, find_sweep
-from apg_farm.seal import default_directory, seal, verify
-from apg_farm.watch import render, snapshot
-from scheduler.control import sweep_status
+from apg_farm.results import (
+    CheckPolicy,
+    Side,
+    analyse,
+    build_baseline,
+    check_regression,
+    compare,
+    export_eee,
+    find_sweep,
+    load_baseline,
+    load_side,
+    parse_indispensable,
+    render_html,
+    render_watch,
+    report_csv,
+    seal,
+    seal_directory,
+    verify_seal,
+    watch_snapshot,
+    write_baseline,
+)
+from scheduler import sweep_status
 
 #: Report formats `apg-farm report --format` accepts.
 FORMATS = ("table", "json", "csv", "html")
-
-#: CSV columns, one row per (task, model).
-CSV_COLUMNS = (
-    "task",
-    "model",
-    "n",
-    *CELL_COUNTS.values(),
-    "pending",
-    "cancelled",
-    "pass_rate",
-    "ci_low",
-    "ci_high",
-    "k",
-    "pass_at_k",
-    "pass_hat_k",
-)
 
 baseline_app = typer.Typer(help="Promote sweeps to baselines and list them.", no_args_is_help=True)
 
@@ -67,18 +61,6 @@ def _emit(text: str, output: Path | None) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
     err.print(escape(f"wrote {output}"))
-
-
-def report_csv(report: dict[str, Any]) -> str:
-    """One row per (task, model), with the rates, intervals, pass@k and every outcome count."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(
-        buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n"
-    )
-    writer.writeheader()
-    for cell in report["cells"]:
-        writer.writerow({**cell, "k": report["k"]})
-    return buffer.getvalue()
 
 
 def comparisons_table(report: dict[str, Any]) -> Table:
@@ -133,15 +115,17 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
     store = open_store()
     sweep_id = find_sweep(store, sweep_ref).id
     if as_json:
-        print_json({**sweep_status(store, sweep_id), "live": snapshot(store, sweep_id)})
+        print_json({**sweep_status(store, sweep_id), "live": watch_snapshot(store, sweep_id)})
         return
     if not watch:
-        out.print(render(snapshot(store, sweep_id)))
+        out.print(render_watch(watch_snapshot(store, sweep_id)))
         return
-    with Live(render(snapshot(store, sweep_id)), console=out, auto_refresh=False) as live:
+    with Live(
+        render_watch(watch_snapshot(store, sweep_id)), console=out, auto_refresh=False
+    ) as live:
         while True:
-            snap = snapshot(store, sweep_id)
-            live.update(render(snap), refresh=True)
+            snap = watch_snapshot(store, sweep_id)
+            live.update(render_watch(snap), refresh=True)
             if snap["queued"] == 0 and not snap["running"]:
                 break
             time.sleep(interval)
@@ -229,7 +213,7 @@ def baseline_promote(
     replace: Annotated[bool, typer.Option(help="Overwrite an existing baseline.")] = False,
 ) -> None:
     """Write a compact, git-friendly baseline: metrics, counts, provenance; no raw outputs."""
-    gates = baselines.parse_indispensable(indispensable or [])
+    gates = parse_indispensable(indispensable or [])
     store = open_store()
     target = find_sweep(store, sweep)
     report = analyse(store, target)
@@ -239,8 +223,8 @@ def baseline_promote(
             f"sweep {target.name!r} has {pending} attempts not finished",
             fix="promote a finished sweep",
         )
-    doc = baselines.build(report, name=name, indispensable=gates, notes=notes)
-    path = baselines.write(doc, directory, replace=replace)
+    doc = build_baseline(report, name=name, indispensable=gates, notes=notes)
+    path = write_baseline(doc, directory, replace=replace)
     sealed = "sealed" if target.sealed_at else "not sealed (seal it for verifiable evidence)"
     out.print(escape(f"baseline {name} written to {path} from sweep {target.name} ({sealed})"))
 
@@ -257,7 +241,7 @@ def baseline_list(
         table.add_column(column)
     for path in sorted(directory.glob("*.json")):
         try:
-            loaded = baselines.load(path)
+            loaded = load_baseline(path)
         except BadInput as error:
             table.add_row(escape(path.stem), "", "", "", "", f"[red]{escape(error.message)}[/]")
             continue
@@ -294,15 +278,15 @@ def check_cmd(
     """Regression gate: exit 0 if the candidate holds up, 1 on a regression, a new indispensable failure or evidence that does not verify, 2 on bad input."""
     if fmt not in ("text", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
-    gates = baselines.parse_indispensable(indispensable or [])
+    gates = parse_indispensable(indispensable or [])
     base, cand = load_side(baseline, open_store), load_side(candidate, open_store)
-    policy = Policy(
+    policy = CheckPolicy(
         max_rate_drop=max_rate_drop,
         max_invalid=max_invalid,
         max_error=max_error,
         significant_only=significant_only,
     )
-    verdict = check(base, cand, policy, indispensable=gates)
+    verdict = check_regression(base, cand, policy, indispensable=gates)
     if fmt == "json":
         print_json(
             {
@@ -342,7 +326,7 @@ def seal_cmd(
     """Seal a finished sweep: a manifest with the sha256 of every stored artifact; no new executions."""
     store = open_store()
     target = find_sweep(store, sweep)
-    sealed = seal(store, target.id, directory=directory or default_directory(), replace=replace)
+    sealed = seal(store, target.id, directory=directory or seal_directory(), replace=replace)
     out.print(
         escape(
             f"sealed sweep {target.name}: {sealed.artifacts} artifacts; manifest {sealed.path} "
@@ -361,7 +345,7 @@ def verify_cmd(
     """Check a sealed sweep against its manifest; exit 1 naming anything missing, changed or added."""
     store = open_store()
     target = find_sweep(store, sweep)
-    result = verify(store, target, manifest=manifest)
+    result = verify_seal(store, target, manifest=manifest)
     if result.ok:
         out.print(
             escape(

@@ -10,22 +10,32 @@ import click
 import typer
 from rich.table import Table
 
-from apg_farm.beds import NewBed, add_bed, get_bed, list_beds, release_bed
+from apg_farm.beds import (
+    NewBed,
+    add_bed,
+    get_bed,
+    list_beds,
+    record_escrow_set,
+    release_bed,
+    set_docker_host,
+)
 from apg_farm.cli import analysis as analysis_cli
 from apg_farm.cli import distributed, remote
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
-from apg_farm.escrow import record_escrow_set
-from apg_farm.queues import pool_queue
-from apg_farm.remote_beds import set_docker_host
-from apg_farm.report import find_sweep, sweep_report
-from apg_farm.seal import refuse_if_sealed
+from apg_farm.results import find_sweep, refuse_if_sealed, sweep_report
 from apg_farm.specs import load_sweep
 from apg_farm.store import BedState, Store
-from scheduler.control import cancel_sweep, parse_retry_outcomes, retry_attempts
-from scheduler.submit import Submission, submit
-from workers.celery_app import make_app
+from scheduler import (
+    Submission,
+    cancel_sweep,
+    parse_retry_outcomes,
+    pool_queue,
+    retry_attempts,
+    submit,
+)
+from workers import make_app
 
 app = typer.Typer(
     name="apg-farm",

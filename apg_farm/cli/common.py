@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from apg_farm.report import CELL_COUNTS
+from apg_farm.results import CELL_COUNTS
 from apg_farm.settings import load_settings
 from apg_farm.store import Store
 

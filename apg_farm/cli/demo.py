@@ -9,17 +9,16 @@ from typing import Any
 
 from sqlalchemy import select
 
-from apg_farm import maintenance
-from apg_farm.beds import NewBed, validate_new_bed
+from apg_farm.beds import NewBed, run_escrow, run_provision, validate_new_bed
 from apg_farm.cli.common import err, out, report_table
 from apg_farm.cli.running import execute_sweep
 from apg_farm.defaults import DEFAULT_FIXTURES
-from apg_farm.report import find_sweep, sweep_report
+from apg_farm.results import find_sweep, sweep_report
 from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec, Timeouts
 from apg_farm.store import Bed, BedEvent, BedState, Store
 from fixtures import simbed
-from scheduler.submit import submit
+from scheduler import submit
 
 #: The demo's beds print their run id in every way the contract allows, to show the farm copes.
 _RUN_ID_STYLES = ("line", "path", "none")
@@ -85,8 +84,8 @@ def simulated_bed(
             env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
         )
     )
-    maintenance.provision(row)
-    row.escrow_set = maintenance.escrow(row)
+    run_provision(row)
+    row.escrow_set = run_escrow(row)
     return row
 
 

@@ -19,13 +19,11 @@ from apg_farm.beds import get_bed
 from apg_farm.cli.common import err, open_store, out
 from apg_farm.cli.progress import done_count
 from apg_farm.errors import BadInput, FarmError
-from apg_farm.queues import BED_MAINTENANCE, attempt_time_limits, bed_queue, pool_queue
 from apg_farm.settings import Settings, load_settings
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Bed, BedEvent, BedState, Store, Sweep, utcnow
-from scheduler.reconciler import reconcile
-from workers.celery_app import make_app
-from workers.tasks import WORKER_BED
+from scheduler import BED_MAINTENANCE, attempt_time_limits, bed_queue, pool_queue, reconcile
+from workers import WORKER_BED, make_app
 
 
 def require_broker() -> tuple[Settings, str]:

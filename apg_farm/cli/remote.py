@@ -7,11 +7,16 @@ from typing import Annotated
 
 import typer
 
-from apg_farm.beds import get_bed
+from apg_farm.beds import (
+    NewRemoteBed,
+    add_remote_bed,
+    apply_inventory,
+    enrol_escrow,
+    get_bed,
+    load_inventory,
+    record_escrow_set,
+)
 from apg_farm.cli.common import err, open_store, out
-from apg_farm.escrow import enrol_escrow, record_escrow_set
-from apg_farm.inventory import apply_inventory, load_inventory
-from apg_farm.remote_beds import NewRemoteBed, add_remote_bed
 
 beds_app = typer.Typer(
     help="Declare the whole pool in a file and converge to it.", no_args_is_help=True

@@ -6,12 +6,11 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from apg_farm.beds import doctor_bed
 from apg_farm.cli.common import err
 from apg_farm.cli.progress import done_count
-from apg_farm.mounts import doctor_bed
 from apg_farm.store import Bed, Store
-from workers.embedded import EmbeddedExecutor
-from workers.engine import AttemptReport
+from workers import AttemptReport, EmbeddedExecutor
 
 
 def execute_sweep(store: Store, sweep_id: int) -> bool:

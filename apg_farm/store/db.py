@@ -53,7 +53,7 @@ def _sqlite_begin(conn: Any) -> None:
 
 def _alembic_config(connection: Any) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(resources.files("apg_farm") / "migrations"))
+    config.set_main_option("script_location", str(resources.files("apg_farm.store") / "migrations"))
     config.attributes["connection"] = connection
     return config
 

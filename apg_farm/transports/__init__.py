@@ -1,14 +1,51 @@
-"""Transports: how the farm runs a command on a bed's host."""
+"""Transports: how the farm runs a command on a bed's host.
+
+`base` is the protocol (`run(argv, cwd, env, timeout, limits) -> CommandResult`), `local` runs in a
+process group of its own, `ssh` over paramiko with pinned host keys; `capture` bounds what is kept.
+The bottom of the stack: imports nothing of the farm but its errors.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from apg_farm.errors import BadInput
 from apg_farm.transports.base import Captured, CommandResult, Transport
 from apg_farm.transports.local import LocalTransport
+
+if TYPE_CHECKING:
+    from apg_farm.transports.ssh import (
+        HostKeyChanged,
+        HostKeyUnknown,
+        RefuseUnknownHost,
+        SshTarget,
+        SshTransport,
+        parse_ssh_address,
+        target_of,
+    )
+
+#: Names of the SSH transport, loaded on first use: paramiko takes half a second to import.
+_SSH_NAMES = frozenset(
+    {
+        "HostKeyChanged",
+        "HostKeyUnknown",
+        "RefuseUnknownHost",
+        "SshTarget",
+        "SshTransport",
+        "parse_ssh_address",
+        "target_of",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _SSH_NAMES:
+        from apg_farm.transports import ssh
+
+        return getattr(ssh, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class BedAddress(Protocol):
@@ -67,9 +104,16 @@ __all__ = [
     "BedAddress",
     "Captured",
     "CommandResult",
+    "HostKeyChanged",
+    "HostKeyUnknown",
     "LocalTransport",
+    "RefuseUnknownHost",
+    "SshTarget",
+    "SshTransport",
     "Transport",
     "host_environment",
+    "parse_ssh_address",
+    "target_of",
     "transport_for",
     "transport_in_use",
 ]

@@ -162,7 +162,7 @@ def fingerprint(key: paramiko.PKey) -> str:
 # -- host keys -----------------------------------------------------------------------------------
 
 
-class _RefuseUnknown(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+class RefuseUnknownHost(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
     """Refuse a host whose key is not pinned, saying how to pin it."""
 
     def __init__(self, target: SshTarget) -> None:
@@ -330,7 +330,9 @@ class SshTransport:
                     fix="check the file, or give another with --known-hosts",
                 ) from None
         policy = (
-            _PinOnFirstUse(t, write=self.pin_to_file) if self.trust_host_key else _RefuseUnknown(t)
+            _PinOnFirstUse(t, write=self.pin_to_file)
+            if self.trust_host_key
+            else RefuseUnknownHost(t)
         )
         client.set_missing_host_key_policy(policy)
         sock = self._socket()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from apg_farm.errors import BadInput, ContractViolation, UnsafeArgument
-from apg_farm.transports.base import CommandResult
+from apg_farm.transports import CommandResult
 
 # -- arguments -----------------------------------------------------------------------------------
 

@@ -10,8 +10,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from apg_farm.bedenv import bed_environment
-from apg_farm.contract import check_arg
+from apg_farm.contract import bed_environment, check_arg
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import NAME, pool_key

@@ -7,8 +7,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from apg_farm import contract
-from apg_farm.bedenv import bed_environment
-from apg_farm.contract import PhaseOutput
+from apg_farm.contract import PhaseOutput, bed_environment
 from apg_farm.defaults import PHASE_OUTPUT_LIMIT
 from apg_farm.errors import ContractViolation, FarmError
 from apg_farm.store import Bed
@@ -53,7 +52,7 @@ def run_on_bed(
     return BedCommand(result, contract.read_output(result))
 
 
-def provision(bed: Bed, *, transport: Transport | None = None) -> BedCommand:
+def run_provision(bed: Bed, *, transport: Transport | None = None) -> BedCommand:
     """`ddev ai-eval-provision <set>`: a no-op when the set's baseline exists."""
     done = run_on_bed(bed, contract.provision(bed.ddev, list(bed.fixtures)), transport=transport)
     if done.output.exit_code != 0:
@@ -61,7 +60,7 @@ def provision(bed: Bed, *, transport: Transport | None = None) -> BedCommand:
     return done
 
 
-def escrow(bed: Bed, *, force: bool = False, transport: Transport | None = None) -> str:
+def run_escrow(bed: Bed, *, force: bool = False, transport: Transport | None = None) -> str:
     """`ddev ai-eval-escrow <set>`: returns the escrow set's absolute path, refused inside the project."""
     done = run_on_bed(
         bed, contract.escrow(bed.ddev, list(bed.fixtures), force=force), transport=transport
@@ -78,7 +77,7 @@ def escrow(bed: Bed, *, force: bool = False, transport: Transport | None = None)
     return contract.check_arg("escrow set", path)
 
 
-def doctor(bed: Bed, *, transport: Transport | None = None) -> tuple[bool, dict[str, Any]]:
+def run_doctor(bed: Bed, *, transport: Transport | None = None) -> tuple[bool, dict[str, Any]]:
     """`ddev ai-eval-doctor <set>`: (healthy, the JSON verdict or a description of the failure)."""
     done = run_on_bed(bed, contract.doctor(bed.ddev, list(bed.fixtures)), transport=transport)
     try:

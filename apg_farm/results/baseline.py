@@ -57,14 +57,14 @@ def parse_indispensable(values: list[str]) -> dict[str, float]:
     return gates
 
 
-def build(
+def build_baseline(
     analysis: dict[str, Any],
     *,
     name: str,
     indispensable: dict[str, float] | None = None,
     notes: str | None = None,
 ) -> dict[str, Any]:
-    """The baseline document for an analysis (see `apg_farm.analysis.analyse`)."""
+    """The baseline document for an analysis (see `apg_farm.results.analysis.analyse`)."""
     if not NAME.fullmatch(name):
         raise BadInput(
             f"{name!r} is not a usable baseline name",
@@ -94,7 +94,7 @@ def build(
     return doc
 
 
-def write(doc: dict[str, Any], directory: Path, *, replace: bool = False) -> Path:
+def write_baseline(doc: dict[str, Any], directory: Path, *, replace: bool = False) -> Path:
     """Write `<directory>/<name>.json`: sorted keys, two-space indent, one trailing newline."""
     path = directory / f"{doc['name']}.json"
     if path.exists() and not replace:
@@ -112,7 +112,7 @@ def write(doc: dict[str, Any], directory: Path, *, replace: bool = False) -> Pat
 
 
 @dataclass(frozen=True)
-class Loaded:
+class LoadedBaseline:
     """A baseline read from disk, and whatever about it does not verify."""
 
     path: Path
@@ -120,7 +120,7 @@ class Loaded:
     problems: tuple[str, ...]
 
 
-def load(path: Path) -> Loaded:
+def load_baseline(path: Path) -> LoadedBaseline:
     """Read a baseline; a malformed file is bad input, an edited one a problem to report."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -142,4 +142,4 @@ def load(path: Path) -> Loaded:
         problems.append(
             f"baseline {path} does not match its content_sha256 (edited after promotion)"
         )
-    return Loaded(path, doc, tuple(problems))
+    return LoadedBaseline(path, doc, tuple(problems))

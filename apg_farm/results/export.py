@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import select
 
 from apg_farm import __version__
-from apg_farm.analysis import GRADED, analyse
-from apg_farm.envelope import SCHEMA_VERSION, _validator
+from apg_farm.contract import SCHEMA_VERSION, schema_validator
+from apg_farm.results.analysis import GRADED, analyse
 from apg_farm.store import Attempt, Execution, Store, Sweep, utcnow
 
 #: Envelopes read per transaction.
@@ -39,7 +39,8 @@ def model_slug(model: str) -> str:
 def schema_errors(doc: Any) -> list[str]:
     """Messages of every 0.2.2 schema violation in `doc` (empty when valid)."""
     return [
-        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in _validator().iter_errors(doc)
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in schema_validator().iter_errors(doc)
     ]
 
 

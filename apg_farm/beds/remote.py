@@ -7,16 +7,15 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from apg_farm.bedenv import bed_environment
-from apg_farm.beds import store_new_bed
-from apg_farm.contract import check_arg
+from apg_farm.beds.escrow import EscrowRecord, record_escrow_set
+from apg_farm.beds.registry import store_new_bed
+from apg_farm.contract import bed_environment, check_arg
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
-from apg_farm.escrow import EscrowRecord, record_escrow_set
 from apg_farm.settings import load_settings
 from apg_farm.specs import NAME, pool_key
 from apg_farm.store import Bed, BedState, Store
-from apg_farm.transports.ssh import SshTarget, SshTransport, parse_ssh_address
+from apg_farm.transports import SshTarget, SshTransport, parse_ssh_address
 
 
 @dataclass(frozen=True)

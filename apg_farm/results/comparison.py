@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from apg_farm import baseline as baselines
-from apg_farm.analysis import analyse
 from apg_farm.errors import NotFound
-from apg_farm.report import find_sweep
-from apg_farm.seal import verify
-from apg_farm.stats import newcombe_unpaired, wilson
+from apg_farm.results.analysis import analyse
+from apg_farm.results.baseline import load_baseline
+from apg_farm.results.report import find_sweep
+from apg_farm.results.sealing import verify_seal
+from apg_farm.results.stats import newcombe_unpaired, wilson
 from apg_farm.store import Store
 
 #: Provenance fingerprints whose change between the two sides is worth a warning.
@@ -44,7 +44,7 @@ def load_side(ref: str, open_store: Callable[[], Store], *, k: int | None = None
     if path.is_file() or ref.endswith(".json"):
         if not path.is_file():
             raise NotFound(f"no baseline file {ref}")
-        loaded = baselines.load(path)
+        loaded = load_baseline(path)
         doc = dict(loaded.doc)
         doc.setdefault("indispensable", {})
         return Side(f"baseline {doc.get('name')} ({path})", "baseline", doc, loaded.problems)
@@ -54,7 +54,7 @@ def load_side(ref: str, open_store: Callable[[], Store], *, k: int | None = None
     summary["indispensable"] = {}
     problems: tuple[str, ...] = ()
     if sweep.sealed_at is not None:
-        checked = verify(store, sweep)
+        checked = verify_seal(store, sweep)
         problems = tuple(f"sweep {sweep.name} seal: {line}" for line in checked.lines())
     return Side(f"sweep {sweep.name} (id {sweep.id})", "sweep", summary, problems)
 

@@ -7,9 +7,9 @@ from typing import Any, Protocol
 
 from sqlalchemy import select
 
-from apg_farm.queues import RUN_ATTEMPT, attempt_time_limits, pool_queue, task_id
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, utcnow
+from scheduler.queues import RUN_ATTEMPT, attempt_time_limits, pool_queue, task_id
 
 
 class Sender(Protocol):

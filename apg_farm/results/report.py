@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import select
 
+from apg_farm.contract import COUNTED, Outcome
 from apg_farm.errors import NotFound
-from apg_farm.outcomes import COUNTED, Outcome
-from apg_farm.stats import wilson
+from apg_farm.results.stats import wilson
 from apg_farm.store import Attempt, Store, Sweep
 
 #: Report columns per outcome, in the order users read them.

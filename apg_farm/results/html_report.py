@@ -2,7 +2,7 @@
 
 It draws each (task, model) pass rate with its Wilson interval as a forest plot, then the tables:
 outcomes, results per cell and per model, pairwise comparisons, phase durations, bed health and
-provenance. Input is `apg_farm.analysis.analyse` output; every string is HTML-escaped.
+provenance. Input is `apg_farm.results.analysis.analyse` output; every string is HTML-escaped.
 """
 
 from __future__ import annotations

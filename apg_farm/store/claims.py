@@ -13,22 +13,21 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from apg_farm.contract import Outcome
 from apg_farm.defaults import EXTRA_DELIVERIES, MAX_CONSECUTIVE_INFRA_ERRORS
-from apg_farm.outcomes import Outcome
 from apg_farm.specs import SweepSpec
-from apg_farm.store import (
+from apg_farm.store.db import Store, rowcount
+from apg_farm.store.models import (
     Attempt,
     AttemptState,
     Bed,
     BedEvent,
     BedState,
     Execution,
-    Store,
     Sweep,
-    rowcount,
+    SweepState,
     utcnow,
 )
-from apg_farm.store.models import SweepState
 
 #: How many queued attempts a claimer looks at to find one it may take.
 _CANDIDATES = 64

@@ -81,8 +81,8 @@ class Grade:
 
 
 @functools.cache
-def _validator() -> Draft7Validator:
-    text = resources.files("apg_farm.schemas").joinpath(SCHEMA_RESOURCE).read_text("utf-8")
+def schema_validator() -> Draft7Validator:
+    text = (resources.files("apg_farm.contract") / "schemas" / SCHEMA_RESOURCE).read_text("utf-8")
     schema = json.loads(text)
     Draft7Validator.check_schema(schema)
     return Draft7Validator(schema)
@@ -200,7 +200,7 @@ def _decodes(text: str, start: int) -> bool:
 def _check_schema(doc: dict[str, Any]) -> None:
     try:
         # A hostile envelope can hold a million errors; a message needs only the first few.
-        found = list(itertools.islice(_validator().iter_errors(doc), _SCHEMA_ERRORS_READ))
+        found = list(itertools.islice(schema_validator().iter_errors(doc), _SCHEMA_ERRORS_READ))
         errors = sorted(found, key=lambda e: [str(p) for p in e.path])
     except RecursionError:
         raise EnvelopeError("schema", "envelope is nested too deeply to validate") from None

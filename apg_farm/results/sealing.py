@@ -43,7 +43,7 @@ def refuse_if_sealed(sweep: Sweep) -> None:
         )
 
 
-def default_directory() -> Path:
+def seal_directory() -> Path:
     """Where manifests go unless the user chooses: `$APG_FARM_HOME/seals`."""
     return load_settings().home / "seals"
 
@@ -181,7 +181,7 @@ def seal(
     store: Store, sweep_id: int, *, directory: Path | None = None, replace: bool = False
 ) -> Sealed:
     """Write the manifest and record its sha256; refuse while attempts are unfinished."""
-    directory = directory or default_directory()
+    directory = directory or seal_directory()
     with store.session() as session:
         sweep = session.scalar(select(Sweep).where(Sweep.id == sweep_id).with_for_update())
         assert sweep is not None
@@ -255,7 +255,7 @@ class Verification:
         ]
 
 
-def verify(store: Store, sweep: Sweep, *, manifest: Path | None = None) -> Verification:
+def verify_seal(store: Store, sweep: Sweep, *, manifest: Path | None = None) -> Verification:
     """Recompute every artifact's sha256 and compare with the sealed manifest."""
     if sweep.sealed_at is None or sweep.seal_sha256 is None:
         raise BadInput(

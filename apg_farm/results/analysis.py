@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy import select
 
 from apg_farm import __version__
-from apg_farm.outcomes import COUNTED, Outcome
-from apg_farm.report import CELL_COUNTS, sweep_report
-from apg_farm.stats import holm, paired_comparison, pass_at_k, pass_hat_k, quantile, wilson
+from apg_farm.contract import COUNTED, Outcome
+from apg_farm.results.report import CELL_COUNTS, sweep_report
+from apg_farm.results.stats import holm, paired_comparison, pass_at_k, pass_hat_k, quantile, wilson
 from apg_farm.store import Attempt, Bed, BedEvent, Execution, Phase, Store, Sweep
 
 #: pass@k and pass^k are reported at this k unless told otherwise (capped at the sweep's trials).

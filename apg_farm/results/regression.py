@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from apg_farm.compare import Side, compare
+from apg_farm.results.comparison import Side, compare
 
 #: Rates are compared with this slack so 0.05 means 5 points, not 5 points plus float noise.
 _EPS = 1e-9
 
 
 @dataclass(frozen=True)
-class Policy:
+class CheckPolicy:
     """What the candidate is allowed."""
 
     #: Largest allowed drop of a pass rate, as a proportion (0.05 = 5 percentage points).
@@ -34,7 +34,7 @@ class Policy:
 
 
 @dataclass
-class Verdict:
+class CheckVerdict:
     """The check's findings; it passes when there is no failure."""
 
     failures: list[str] = field(default_factory=list)
@@ -58,15 +58,15 @@ def _gate_holds(cell: dict[str, Any] | None, floor: float) -> bool:
     return bool(cell and cell["n"] and cell["passed"] / cell["n"] >= floor - _EPS)
 
 
-def check(
+def check_regression(
     base: Side,
     candidate: Side,
-    policy: Policy,
+    policy: CheckPolicy,
     *,
     indispensable: dict[str, float] | None = None,
-) -> Verdict:
+) -> CheckVerdict:
     """Apply the policy; every finding names the model, task or artifact concerned."""
-    verdict = Verdict()
+    verdict = CheckVerdict()
     fail, warn = verdict.failures.append, verdict.warnings.append
     for side in (base, candidate):
         for problem in side.problems:

@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from apg_farm import maintenance
-from apg_farm.bedenv import is_credential_shaped
-from apg_farm.beds import quarantine_bed, record_event
+from apg_farm.beds.maintenance import run_doctor
+from apg_farm.beds.registry import quarantine_bed, record_event
+from apg_farm.contract import is_credential_shaped
 from apg_farm.settings import load_settings
 from apg_farm.store import Bed, Store
 from apg_farm.transports import Transport, transport_in_use
@@ -287,7 +287,7 @@ def _bed_ssh_adapter(bed: Bed, url: str) -> Any:
     import paramiko
     from docker.transport.sshconn import SSHHTTPAdapter
 
-    from apg_farm.transports.ssh import _RefuseUnknown, target_of
+    from apg_farm.transports import RefuseUnknownHost, target_of
 
     target = target_of(bed)
 
@@ -296,7 +296,7 @@ def _bed_ssh_adapter(bed: Bed, url: str) -> Any:
             self.ssh_client = paramiko.SSHClient()
             if os.path.isfile(target.known_hosts):
                 self.ssh_client.load_host_keys(target.known_hosts)
-            self.ssh_client.set_missing_host_key_policy(_RefuseUnknown(target))
+            self.ssh_client.set_missing_host_key_policy(RefuseUnknownHost(target))
             self.ssh_params = {
                 "hostname": target.host,
                 "port": target.port,
@@ -432,7 +432,7 @@ def doctor_bed(
     result is unhealthy and the bed is quarantined with the reason.
     """
     with transport_in_use(bed, transport) as used:
-        healthy, verdict = maintenance.doctor(bed, transport=used)
+        healthy, verdict = run_doctor(bed, transport=used)
         report = check_bed_mounts(
             bed,
             transport=used,

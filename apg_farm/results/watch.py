@@ -1,6 +1,6 @@
 """The live view of a sweep: progress per model, what each bed is doing, quarantines, an ETA.
 
-`snapshot` reads the store once; `render` turns a snapshot into rich tables. `apg-farm sweep
+`watch_snapshot` reads the store once; `render_watch` turns a snapshot into rich tables. `apg-farm sweep
 status --watch` redraws them every few seconds; tests render to a string.
 """
 
@@ -16,9 +16,9 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import func, select
 
-from apg_farm.analysis import PHASE_ORDER
-from apg_farm.outcomes import COUNTED, Outcome
-from apg_farm.stats import quantile
+from apg_farm.contract import COUNTED, Outcome
+from apg_farm.results.analysis import PHASE_ORDER
+from apg_farm.results.stats import quantile
 from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store, Sweep
 from apg_farm.store import utcnow as _utcnow
 
@@ -32,7 +32,7 @@ def _next_phase(last: str | None) -> str:
     return "finishing"
 
 
-def snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) -> dict[str, Any]:
+def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) -> dict[str, Any]:
     """Everything the live view shows, read in one transaction."""
     now = now or _utcnow()
     with store.read() as session:
@@ -172,7 +172,7 @@ def _clock(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def render(snap: dict[str, Any]) -> RenderableType:
+def render_watch(snap: dict[str, Any]) -> RenderableType:
     """The live view: a header line, progress per model, running attempts per bed, quarantines."""
     sweep = snap["sweep"]
     finished = snap["queued"] == 0 and not snap["running"]

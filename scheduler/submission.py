@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 
 from apg_farm.errors import BadInput
-from apg_farm.seal import refuse_if_sealed
+from apg_farm.results import refuse_if_sealed
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, Store, Sweep, SweepState
 from scheduler.plan import expand

@@ -14,10 +14,10 @@ from pathlib import PurePosixPath
 
 from sqlalchemy import select
 
-from apg_farm import contract, maintenance
-from apg_farm.bedenv import bed_environment
+from apg_farm import contract
+from apg_farm.beds.maintenance import run_escrow
+from apg_farm.contract import ESCROW_SET_MISSING, bed_environment
 from apg_farm.errors import ContractViolation, FarmError, NotFound
-from apg_farm.outcomes import ESCROW_SET_MISSING
 from apg_farm.store import Bed, BedEvent, Store, utcnow
 from apg_farm.transports import CommandResult, Transport, host_environment, transport_in_use
 
@@ -40,7 +40,7 @@ HASH_SCRIPT = (
 _HASH_LINE = re.compile(r"\\?([0-9a-f]{64}|not-a-file)  (.+)")
 
 
-def hash_argv(escrow_set: str) -> tuple[str, ...]:
+def escrow_hash_argv(escrow_set: str) -> tuple[str, ...]:
     """The one command that hashes every file of the set on the bed's host."""
     return ("/bin/sh", "-c", HASH_SCRIPT, "apg-farm-escrow-hash", escrow_set)
 
@@ -72,7 +72,7 @@ def changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str
     return found
 
 
-def changes_in(recorded: Mapping[str, str], result: CommandResult) -> list[str] | None:
+def escrow_changes_in(recorded: Mapping[str, str], result: CommandResult) -> list[str] | None:
     """The changes the hash command shows against the recorded hashes; None when it failed."""
     current = read_hashes(result)
     return None if current is None else changes(recorded, current)
@@ -89,7 +89,7 @@ class EscrowRecord:
 def hash_escrow_set(bed: Bed, escrow_set: str, *, transport: Transport) -> dict[str, str]:
     """Hash the set on the bed's host now; raises FarmError when that fails."""
     result = transport.run(
-        hash_argv(escrow_set),
+        escrow_hash_argv(escrow_set),
         cwd="/",
         env=bed_environment(base=host_environment(transport), extra=dict(bed.env)),
         timeout=HASH_TIMEOUT,
@@ -149,5 +149,5 @@ def enrol_escrow(
 ) -> EscrowRecord:
     """Run `ddev ai-eval-escrow` on the bed's host, then record the set it printed."""
     with transport_in_use(bed, transport) as used:
-        path = maintenance.escrow(bed, force=force, transport=used)
+        path = run_escrow(bed, force=force, transport=used)
         return record_escrow_set(store, bed, path, transport=used)

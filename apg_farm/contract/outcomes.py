@@ -12,8 +12,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from apg_farm.contract import PhaseOutput
-    from apg_farm.envelope import Grade
+    from apg_farm.contract.commands import PhaseOutput
+    from apg_farm.contract.envelope import Grade
 
 
 class Outcome(StrEnum):
@@ -306,7 +306,7 @@ def judge_grade(
     return _final(Outcome.FAILED, score)
 
 
-#: Exit code of the escrow hash command when the set's folder is gone (see apg_farm/escrow.py).
+#: Exit code of the escrow hash command when the set's folder is gone (see apg_farm/beds/escrow.py).
 ESCROW_SET_MISSING = 3
 
 

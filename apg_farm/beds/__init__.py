@@ -1,0 +1,56 @@
+"""Beds: enrolling, checking and maintaining them, local and remote.
+
+`registry` adds, lists, releases and quarantines beds and keeps their events; `remote` enrols
+beds over SSH and `inventory` applies a whole pool from one file; `escrow` records and checks the
+escrow set; `maintenance` runs provision, escrow and doctor; `mounts` asks Docker what a bed's
+web container can see. Imports store, contract and transports.
+"""
+
+from __future__ import annotations
+
+from apg_farm.beds.escrow import (
+    enrol_escrow,
+    escrow_changes_in,
+    escrow_hash_argv,
+    record_escrow_set,
+)
+from apg_farm.beds.inventory import apply_inventory, load_inventory
+from apg_farm.beds.maintenance import run_doctor, run_escrow, run_provision
+from apg_farm.beds.mounts import check_bed_mounts, classify_container, doctor_bed
+from apg_farm.beds.registry import (
+    NewBed,
+    add_bed,
+    finish_draining,
+    get_bed,
+    list_beds,
+    record_event,
+    release_bed,
+    validate_new_bed,
+)
+from apg_farm.beds.remote import NewRemoteBed, add_remote_bed, set_docker_host
+
+__all__ = [
+    "NewBed",
+    "NewRemoteBed",
+    "add_bed",
+    "add_remote_bed",
+    "apply_inventory",
+    "check_bed_mounts",
+    "classify_container",
+    "doctor_bed",
+    "enrol_escrow",
+    "escrow_changes_in",
+    "escrow_hash_argv",
+    "finish_draining",
+    "get_bed",
+    "list_beds",
+    "load_inventory",
+    "record_escrow_set",
+    "record_event",
+    "release_bed",
+    "run_doctor",
+    "run_escrow",
+    "run_provision",
+    "set_docker_host",
+    "validate_new_bed",
+]

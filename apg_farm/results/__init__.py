@@ -1,0 +1,84 @@
+"""Results: everything that reads the store to answer a question about sweeps.
+
+`stats` holds the statistics (Wilson, pass@k, McNemar, Newcombe, Holm); `report` and `analysis`
+compute a sweep's figures, which `csv_report`, `html_report` and `watch` present; `comparison`,
+`baseline` and `regression` set one result against another; `sealing` and `export` make evidence
+others can check. Imports store and contract.
+"""
+
+from __future__ import annotations
+
+from apg_farm.results.analysis import analyse
+from apg_farm.results.baseline import (
+    LoadedBaseline,
+    build_baseline,
+    load_baseline,
+    parse_indispensable,
+    write_baseline,
+)
+from apg_farm.results.comparison import Side, compare, load_side
+from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
+from apg_farm.results.export import export_eee, model_slug
+from apg_farm.results.html_report import render_html
+from apg_farm.results.regression import CheckPolicy, CheckVerdict, check_regression
+from apg_farm.results.report import CELL_COUNTS, find_sweep, sweep_report
+from apg_farm.results.sealing import (
+    SealedSweep,
+    artifacts,
+    refuse_if_sealed,
+    seal,
+    seal_directory,
+    verify_seal,
+)
+from apg_farm.results.stats import (
+    holm,
+    mcnemar_exact,
+    newcombe_paired,
+    newcombe_unpaired,
+    paired_comparison,
+    pass_at_k,
+    pass_hat_k,
+    quantile,
+    wilson,
+)
+from apg_farm.results.watch import render_watch, watch_snapshot
+
+__all__ = [
+    "CELL_COUNTS",
+    "CSV_COLUMNS",
+    "CheckPolicy",
+    "CheckVerdict",
+    "LoadedBaseline",
+    "SealedSweep",
+    "Side",
+    "analyse",
+    "artifacts",
+    "build_baseline",
+    "check_regression",
+    "compare",
+    "export_eee",
+    "find_sweep",
+    "holm",
+    "load_baseline",
+    "load_side",
+    "mcnemar_exact",
+    "model_slug",
+    "newcombe_paired",
+    "newcombe_unpaired",
+    "paired_comparison",
+    "parse_indispensable",
+    "pass_at_k",
+    "pass_hat_k",
+    "quantile",
+    "refuse_if_sealed",
+    "render_html",
+    "render_watch",
+    "report_csv",
+    "seal",
+    "seal_directory",
+    "sweep_report",
+    "verify_seal",
+    "watch_snapshot",
+    "wilson",
+    "write_baseline",
+]

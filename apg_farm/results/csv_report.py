@@ -1,0 +1,37 @@
+"""The CSV report: one row per (task, model) of a sweep's analysis, for spreadsheets and pandas."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from apg_farm.results.report import CELL_COUNTS
+
+#: CSV columns, one row per (task, model).
+CSV_COLUMNS = (
+    "task",
+    "model",
+    "n",
+    *CELL_COUNTS.values(),
+    "pending",
+    "cancelled",
+    "pass_rate",
+    "ci_low",
+    "ci_high",
+    "k",
+    "pass_at_k",
+    "pass_hat_k",
+)
+
+
+def report_csv(report: dict[str, Any]) -> str:
+    """One row per (task, model), with the rates, intervals, pass@k and every outcome count."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(
+        buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n"
+    )
+    writer.writeheader()
+    for cell in report["cells"]:
+        writer.writerow({**cell, "k": report["k"]})
+    return buffer.getvalue()
