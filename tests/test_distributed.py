@@ -166,7 +166,9 @@ def test_sigkilled_worker_attempt_runs_again_once(
             )
         ]
     assert bed.name != victim
-    assert phases[:2] == ["verify_before", "reset"] and phases[-1] == "grade"
+    # The new try starts from checked judging code, a trusted verify and a reset.
+    assert phases[:4] == ["escrow_check", "ddev_check", "verify_before", "reset"]
+    assert phases[-1] == "grade"
 
 
 def _wait_for_run_phase(store: Store, deadline: float) -> str:

@@ -266,7 +266,10 @@ def test_diff_evidence_is_kept_per_execution(store: Store, tmp_path: Path) -> No
             for e in session.scalars(select(Execution))
         ]
         diffs = session.scalars(select(Phase).where(Phase.name == "diff")).all()
-    assert names == [["verify_before", "reset", "run", "verify_after", "diff", "grade"]] * 2
+    # The judging code is checked before the attempt and again right after the run, before any
+    # other ddev command: the escrow set, the DDEV configuration, the trusted verifier.
+    order = ["escrow_check", "ddev_check", "verify_before", "reset", "run", "ddev_check_after"]
+    assert names == [[*order, "verify_after", "diff", "grade"]] * 2
     assert all('"changed"' in p.stdout for p in diffs)
 
 

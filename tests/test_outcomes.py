@@ -12,13 +12,16 @@ from apg_farm.contract import (
     Outcome,
     PhaseOutput,
     Verdict,
+    judge_ddev_check,
     judge_grade,
+    judge_not_started,
     judge_reset,
     judge_run,
     judge_verify_after,
     judge_verify_before,
     read_grade,
     read_output,
+    with_quarantine,
 )
 from apg_farm.transports import Captured, CommandResult
 
@@ -110,7 +113,6 @@ def test_run_agent_failure_continues_infra_retries() -> None:
         web_fail("ai-eval-run", 1, "APG_RUN_CRED_REFUSED .ddev/.env\n"), run_recorded=False
     )
     assert cred.action == "retry" and cred.quarantine
-    assert judge_run(out(0), run_recorded=False).action == "retry"
     leaked = judge_run(web_fail("ai-eval-run", 1, "APG_CLAUDE_TOKEN_LEAKED x\n"), run_recorded=True)
     assert leaked.action == "continue" and leaked.quarantine
     assert judge_run(out(None, timed_out=True), run_recorded=False).action == "retry"
@@ -210,3 +212,90 @@ def test_a_leaked_token_quarantines_on_every_path() -> None:
     assert "revoke" in (judge_run(leaked, run_recorded=False).quarantine or "")
     both = web_fail("ai-eval-run", 1, "APG_CLAUDE_INSTALL_FAILED\nAPG_CLAUDE_TOKEN_LEAKED x\n")
     assert judge_run(both, run_recorded=True).quarantine
+
+
+def test_an_adapter_that_never_started_is_not_the_models_failure() -> None:
+    """run.json `attempted: false` with no agent token: the site decides; an agent token wins."""
+    silent = web_fail("ai-eval-run", 127)
+    started = judge_run(silent, run_recorded=True, attempted=False)
+    assert started.action == "continue" and started.adapter_not_started and not started.agent_failed
+    # Without run.json's word, a silent failure with a run record is the agent's.
+    assert judge_run(silent, run_recorded=True, attempted=None).agent_failed
+    timeout = web_fail("ai-eval-run", 1, "APG_CLAUDE_TIMEOUT after 3600s\n")
+    assert judge_run(timeout, run_recorded=True, attempted=False).agent_failed
+    unchanged = judge_not_started(site_changed=False, reason="r")
+    unreadable = judge_not_started(site_changed=None, reason="r")
+    assert unchanged.action == "retry" and unreadable.action == "retry"
+    changed = judge_not_started(site_changed=True, reason="r")
+    assert changed.action == "continue" and changed.agent_failed
+
+
+def test_a_run_without_a_record_is_graded_live() -> None:
+    """Exit 0 and no run record: graded live (the agent may have deleted its record), never an
+    infrastructure retry that could end ERROR."""
+    graded = judge_run(out(0), run_recorded=False)
+    assert graded.action == "continue" and not graded.agent_failed
+
+
+def test_every_quarantine_reason_is_kept() -> None:
+    """Two reasons for one bed are both kept, the leaked token's `revoke` among them."""
+    leaked = judge_run(
+        web_fail("ai-eval-run", 1, "APG_CLAUDE_TOKEN_LEAKED x\nAPG_CLAUDE_PROJECT_CHANGED y\n"),
+        run_recorded=True,
+    )
+    assert "revoke" in (leaked.quarantine or "") and "PROJECT_CHANGED" in (leaked.quarantine or "")
+    both = with_quarantine(Verdict("retry", "r", quarantine="first"), "second")
+    assert both.quarantine == "first; second"
+    assert with_quarantine(both, "first; second") == both
+
+
+def test_a_baseline_mismatch_after_the_run_is_tampered_whatever_the_exit_code() -> None:
+    """APG_ESCROW_MISMATCH with exit 0 after the run is still TAMPERED."""
+    verdict = judge_verify_after(
+        out(0, "APG_ESCROW_MISMATCH baseline.sql\nAPG_ESCROW_OK\n", argv=("/usr/bin/bash", "v"))
+    )
+    assert verdict.outcome == Outcome.TAMPERED and "APG_ESCROW_MISMATCH" in verdict.reason
+
+
+@pytest.mark.parametrize("status", [0, 1, 2, 4])
+def test_a_refused_run_record_is_honoured_whatever_the_exit_code(status: int) -> None:
+    """APG_GRADE_RUN_INVALID refuses the run record on any exit but the skip's."""
+    output = (
+        out(0, "APG_GRADE_RUN_INVALID other task\n")
+        if status == 0
+        else web_fail("ai-eval-grade", status, "APG_GRADE_RUN_INVALID other task\n")
+    )
+    verdict = judge_grade(output, grade=None, envelope_problem=None, agent_failed=False)
+    assert verdict.outcome == Outcome.INVALID
+
+
+def test_an_envelope_from_another_grader_is_tampered() -> None:
+    """grader_tree_sha256 unlike the escrowed one: TAMPERED, and the bed is quarantined."""
+    raw = Path(__file__).with_name("recorded").joinpath("grade_example.json").read_bytes()
+    grade = read_grade(raw, truncated=False, task="dv01_view_build", model=None, run_id=None)
+    verdict = judge_grade(
+        out(0),
+        grade=grade,
+        envelope_problem=None,
+        agent_failed=False,
+        grader_mismatch="envelope aaaa, escrow bbbb",
+    )
+    assert verdict.outcome == Outcome.TAMPERED and verdict.quarantine
+
+
+def test_a_changed_ddev_configuration() -> None:
+    """Before an attempt: quarantine and retry elsewhere. Right after a run: TAMPERED."""
+    hashing = ("/bin/sh", "-c", "...")
+    before = judge_ddev_check(
+        out(0, argv=hashing), changes=["config.hook.yaml added"], after_run=False
+    )
+    assert before.action == "retry" and "config.hook.yaml added" in (before.quarantine or "")
+    after = judge_ddev_check(out(0, argv=hashing), changes=["config.yaml changed"], after_run=True)
+    assert after.outcome == Outcome.TAMPERED and after.quarantine
+    gone = judge_ddev_check(out(3, argv=hashing), changes=None, after_run=True)
+    assert gone.outcome == Outcome.TAMPERED and ".ddev folder missing" in gone.reason
+    unhashable = judge_ddev_check(out(1, argv=hashing), changes=None, after_run=True)
+    assert unhashable.outcome == Outcome.TAMPERED
+    assert judge_ddev_check(out(0, argv=hashing), changes=[], after_run=True).action == "continue"
+    link = judge_ddev_check(out(None, transport_error="reset"), changes=None, after_run=True)
+    assert link.action == "retry"

@@ -76,7 +76,10 @@ def test_altered_envelope_is_named(store: Store, finished: Sweep, tmp_path: Path
 
 
 def test_missing_added_and_manifest_changes(store: Store, finished: Sweep, tmp_path: Path) -> None:
-    """A deleted phase is missing, a new phase is added, an edited manifest is reported."""
+    """A deleted phase is missing, an edited or lost manifest is reported.
+
+    Every sealed field, added rows and malformed manifests: `test_seal_fields.py`.
+    """
     sealed = seal(store, finished.id, directory=tmp_path)
     with store.session() as session:
         phase = session.scalars(

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from apg_farm.contract import bed_environment
+from apg_farm.contract import bed_environment, read_output
+from apg_farm.defaults import PHASE_OUTPUT_LIMIT
+from apg_farm.transports import Listing, ListingFailed
 from apg_farm.transports.base import CommandResult, Transport
 from apg_farm.transports.capture import omitted_marker
 from apg_farm.transports.local import LocalTransport
@@ -318,7 +320,7 @@ def test_read_file_unreadable(tmp_path: Path) -> None:
 
 
 def test_list_dir(tmp_path: Path) -> None:
-    """list_dir returns sorted names, None for a missing path or a file."""
+    """list_dir returns sorted names, None only for a missing path; a file cannot be listed."""
     transport = LocalTransport()
     for name in ("b", "a", ".hidden"):
         (tmp_path / name).write_text("")
@@ -326,7 +328,104 @@ def test_list_dir(tmp_path: Path) -> None:
     assert transport.list_dir(str(tmp_path)) == [".hidden", "a", "b", "runs"]
     assert transport.list_dir(str(tmp_path / "runs")) == []
     assert transport.list_dir(str(tmp_path / "missing")) is None
-    assert transport.list_dir(str(tmp_path / "a")) is None
+    assert transport.list_dir(str(tmp_path / "missing" / "runs")) is None
+    listing = transport.list_dir(str(tmp_path))
+    assert isinstance(listing, Listing) and not listing.truncated
+    # The engine's call: None (or an empty listing) reads as no folders.
+    assert (transport.list_dir(str(tmp_path / "missing")) or []) == []
+
+
+def test_list_dir_that_cannot_be_listed_raises(tmp_path: Path) -> None:
+    """A file, a FIFO, a symlink to nothing (at the end or on the way): ListingFailed, not None."""
+    transport = LocalTransport()
+    (tmp_path / "file").write_text("")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for path in ("file", "fifo", "file/runs", "dangling", "dangling/runs", "loop"):
+        with pytest.raises(ListingFailed) as failed:
+            transport.list_dir(str(tmp_path / path))
+        assert failed.value.path == str(tmp_path / path)
+    with pytest.raises(ListingFailed, match="symlink to nothing"):
+        transport.list_dir(str(tmp_path / "dangling" / "runs"))
+    with pytest.raises(ListingFailed, match="Not a directory"):
+        transport.list_dir(str(tmp_path / "file"))
+
+
+def test_list_dir_of_20000_entries_is_whole_or_cut_at_the_limit(tmp_path: Path) -> None:
+    """A runs/ folder with 20,000 entries: listed whole and fast; past a limit, cut and flagged."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    made = {f"run-{i:05d}" for i in range(20_000)}
+    for name in made:
+        (runs / name).mkdir()
+    transport = LocalTransport()
+    started = time.monotonic()
+    listing = transport.list_dir(str(runs))
+    assert time.monotonic() - started < 2
+    assert listing == sorted(made) and listing is not None and not listing.truncated
+    cut = transport.list_dir(str(runs), limit=1000)
+    assert cut is not None and cut.truncated and len(cut) == 1000
+    assert set(cut) <= made and cut == sorted(cut)
+    exact = transport.list_dir(str(runs), limit=20_000)
+    assert exact is not None and not exact.truncated and len(exact) == 20_000
+
+
+#: Prints 2 MiB of noise, a token line (optionally coloured, and split over two writes with a
+#: pause between, so the farm reads it in two chunks), then 2 MiB more; exits 0.
+TOKEN_IN_NOISE = textwrap.dedent(
+    """
+    import os, sys, time
+    colour, split = sys.argv[1] == "colour", sys.argv[2] == "split"
+    def noise(seed):
+        return b"".join(b"noise %d %d ........................\\n" % (seed, i) for i in range(50_000))
+    line = b"APG_CLAUDE_TOKEN_LEAKED found in runs/r1/transcript.jsonl\\n"
+    if colour:
+        line = b"\\x1b[1;31m" + line[:-1] + b"\\x1b[0m\\n"
+    os.write(2, noise(1) + noise(2))
+    cut = 14 if split else len(line)
+    os.write(2, line[:cut])
+    if split:
+        time.sleep(0.3)
+    os.write(2, line[cut:] + noise(3) + noise(4))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("colour", "split"), [("plain", "whole"), ("plain", "split"), ("colour", "split")]
+)
+def test_token_amid_megabytes_of_stderr_is_read(colour: str, split: str) -> None:
+    """APG_CLAUDE_TOKEN_LEAKED between 2 MiB of noise on each side, through a real pipe, with the
+    engine's 256 KiB stderr limit: the token is read once, the capture stays bounded."""
+    result = run([PY, "-c", TOKEN_IN_NOISE, colour, split], limit=PHASE_OUTPUT_LIMIT, timeout=30)
+    assert result.rc == 0, result.stderr.data[-500:]
+    stderr = result.stderr
+    assert stderr.truncated and stderr.total > 4 * MiB
+    assert b"TOKEN_LEAKED" not in stderr.data  # not in head or tail: only kept apart
+    assert len(stderr.token_lines) == 1 and stderr.token_lines_dropped == 0
+    assert b"1 APG_ token lines of them kept apart" in stderr.data
+    output = read_output(result)
+    assert [t.name for t in output.tokens] == ["APG_CLAUDE_TOKEN_LEAKED"]
+    assert output.first("APG_CLAUDE_TOKEN_LEAKED").detail.startswith("found in runs/r1/")  # type: ignore[union-attr]
+    assert len(stderr.data) < PHASE_OUTPUT_LIMIT + 200
+
+
+def test_flood_of_token_lines_stays_bounded() -> None:
+    """10,000 token lines amid noise on stderr: at most the bound kept apart, the rest counted."""
+    code = (
+        "import os\n"
+        "noise = b'n' * 100 + b'\\n'\n"
+        "os.write(2, noise * 5000)\n"
+        "os.write(2, b''.join(b'APG_NOISE %d\\n' % i for i in range(10_000)))\n"
+        "os.write(2, noise * 5000)\n"
+    )
+    result = run([PY, "-c", code], limit=64 * 1024)
+    stderr = result.stderr
+    assert result.rc == 0 and stderr.truncated
+    assert len(stderr.token_lines) == 256
+    assert len(stderr.token_lines) + stderr.token_lines_dropped == 10_000
+    assert len(read_output(result).tokens) == 256
 
 
 def test_bed_command_dies_with_a_killed_farm_process(tmp_path: Path) -> None:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from apg_farm.contract import read_output
+from apg_farm.defaults import PHASE_OUTPUT_LIMIT
+from apg_farm.transports import ListingFailed
 from apg_farm.transports.ssh import (
     HostKeyChanged,
     HostKeyUnknown,
@@ -217,6 +220,53 @@ def test_read_file_and_list_dir_refuse_symlinks_and_non_files(
         ["fifo", "link.json", "run.json", "secret", "we ird $(x)"]
     )
     assert transport.list_dir(str(folder / "missing")) is None
+
+
+def test_token_amid_megabytes_of_stderr_is_read(host: SshHost) -> None:
+    """A coloured APG_CLAUDE_TOKEN_LEAKED between 2 MiB of noise on each side of stderr, written
+    in two parts with a pause between: read_output finds it once, the capture stays bounded."""
+    host.pin()
+    script = (
+        "{ yes noise | head -c 2097152; echo; printf '\\033[31mAPG_CLAUDE_TO'; sleep 0.3; "
+        "printf 'KEN_LEAKED in transcript\\033[0m\\n'; yes noise | head -c 2097152; } >&2"
+    )
+    result = run(SshTransport(target(host)), ["sh", "-c", script], stderr_limit=PHASE_OUTPUT_LIMIT)
+    stderr = result.stderr  # type: ignore[attr-defined]
+    assert result.rc == 0 and stderr.truncated and stderr.total > 4 * 1024 * 1024  # type: ignore[attr-defined]
+    assert b"TOKEN_LEAKED" not in stderr.data and len(stderr.token_lines) == 1
+    tokens = read_output(result).tokens  # type: ignore[arg-type]
+    assert [(t.name, t.detail) for t in tokens] == [("APG_CLAUDE_TOKEN_LEAKED", "in transcript")]
+
+
+def test_list_dir_bounded_and_failures_raise(host: SshHost, tmp_path: Path) -> None:
+    """20,000 entries listed whole, or cut at a limit and flagged; None only for a missing path;
+    a file, a symlink to nothing or an unreachable host raise ListingFailed."""
+    host.pin()
+    transport = SshTransport(target(host))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    made = {f"run-{i:05d}" for i in range(20_000)}
+    for name in made:
+        (runs / name).mkdir()
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    listing = transport.list_dir(str(runs))
+    assert listing == sorted(made) and listing is not None and not listing.truncated
+    cut = transport.list_dir(str(runs), limit=500)
+    assert cut is not None and cut.truncated and len(cut) == 500 and set(cut) <= made
+    assert transport.list_dir(str(tmp_path / "missing")) is None
+    assert transport.list_dir(str(tmp_path / "missing" / "runs")) is None
+    for path, why in (
+        ("file", "not a directory"),
+        ("file/runs", "not a directory"),
+        ("dangling", "symlink to nothing"),
+        ("dangling/runs", "symlink to nothing"),
+    ):
+        with pytest.raises(ListingFailed, match=why):
+            transport.list_dir(str(tmp_path / path))
+    closed = SshTransport(target(host, port=1), connect_timeout=3)
+    with pytest.raises(ListingFailed, match="cannot connect"):
+        closed.list_dir(str(runs))
 
 
 def test_parse_ssh_address() -> None:

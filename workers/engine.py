@@ -15,18 +15,25 @@ from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from apg_farm import contract
-from apg_farm.beds import escrow_changes_in, escrow_hash_argv, finish_draining
+from apg_farm.beds import ddev_config_argv, escrow_hash_argv, finish_draining, hash_changes_in
 from apg_farm.contract import (
+    CONTINUE,
+    UNESCROWED,
+    UNFINGERPRINTED,
     EnvelopeError,
     Grade,
     Outcome,
     PhaseOutput,
+    RunRecord,
     Verdict,
     bed_environment,
+    judge_ddev_check,
     judge_escrow_check,
     judge_grade,
+    judge_not_started,
     judge_reset,
     judge_run,
     judge_verify_after,
@@ -59,7 +66,13 @@ from apg_farm.store import (
     renew_lease,
     utcnow,
 )
-from apg_farm.transports import CommandResult, Transport, host_environment, transport_for
+from apg_farm.transports import (
+    CommandResult,
+    ListingFailed,
+    Transport,
+    host_environment,
+    transport_for,
+)
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
 _CONTAINER_ROOT = "/var/www/html"
@@ -78,6 +91,12 @@ class BedInfo:
     env: Mapping[str, str]
     #: sha256 of every file of the escrow set when it was enrolled; None when not recorded.
     escrow_files: Mapping[str, str] | None = None
+    #: sha256 of the DDEV configuration when enrolled or escrowed; None when not recorded.
+    ddev_files: Mapping[str, str] | None = None
+    #: The grader tree sha256 the escrow set holds; None when unknown.
+    grader_tree_sha256: str | None = None
+    #: Enrolled with --untrusted-verifier: verified by the agent-writable ddev wrapper.
+    untrusted_verifier: bool = False
 
     @classmethod
     def of(cls, bed: Bed) -> BedInfo:
@@ -90,6 +109,9 @@ class BedInfo:
             bed.escrow_set,
             dict(bed.env),
             escrow_files=dict(bed.escrow_files) if bed.escrow_files else None,
+            ddev_files=dict(bed.ddev_files) if bed.ddev_files is not None else None,
+            grader_tree_sha256=bed.grader_tree_sha256,
+            untrusted_verifier=bool(bed.untrusted_verifier),
         )
 
     def runs_dir(self) -> str:
@@ -226,6 +248,8 @@ class AttemptEngine:
             execution = session.get_one(Execution, claim.execution_id)
             attempt.fill(execution, verdict)
             execution.result = "LOST"
+            # What this bed showed while it held the attempt still stands: quarantine it.
+            _quarantine(session, session.get_one(Bed, self.bed_id), attempt.quarantines)
         return AttemptReport(claim, verdict, None, attempt.run_id, lost=True)
 
     def _finish(self, claim: Claim, attempt: _Attempt, verdict: Verdict) -> AttemptReport:
@@ -243,9 +267,13 @@ class AttemptEngine:
                     claim, verdict, Outcome(done) if done else None, attempt.run_id
                 )
             attempt.fill(execution, verdict)
+            reasons = [*attempt.quarantines]
+            if verdict.quarantine and verdict.quarantine not in reasons:
+                reasons.append(verdict.quarantine)
             if row is None or row.state != AttemptState.RUNNING or row.bed_id != self.bed_id:
                 # The lease expired and the attempt moved on: keep this try as history only.
                 execution.result = "LOST"
+                _quarantine(session, bed, reasons)
                 return AttemptReport(claim, verdict, None, attempt.run_id, lost=True)
             if (
                 verdict.action == "retry"
@@ -253,42 +281,57 @@ class AttemptEngine:
             ):
                 # Never requeue into a cancelled sweep: nothing would ever take it.
                 verdict = Verdict("final", f"sweep cancelled ({verdict.reason})", Outcome.CANCELLED)
-            outcome, quarantine = _settle(row, bed, verdict, retries=claim.spec.retries)
+            outcome, in_a_row = _settle(row, bed, verdict, retries=claim.spec.retries)
             execution.result = outcome or "RETRY"
-            if quarantine and bed.state == BedState.ACTIVE:
-                bed.state = BedState.QUARANTINED
-                bed.state_reason = quarantine
-                session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=quarantine))
+            _quarantine(session, bed, [*reasons, *([in_a_row] if in_a_row else [])])
             if bed.state == BedState.DRAINING:
                 finish_draining(session, bed)
         return AttemptReport(claim, verdict, outcome, attempt.run_id)
 
 
+def _quarantine(session: Session, bed: Bed, reasons: list[str]) -> None:
+    """Quarantine the bed for every reason given; none is ever dropped.
+
+    A draining bed is quarantined too (a human must look before it is removed), and a bed already
+    quarantined gains the new reasons.
+    """
+    new = [r for r in dict.fromkeys(reasons) if r not in (bed.state_reason or "")]
+    if not new or bed.state == BedState.REMOVED:
+        return
+    if bed.state == BedState.QUARANTINED and bed.state_reason:
+        bed.state_reason = "; ".join([bed.state_reason, *new])
+    else:
+        bed.state = BedState.QUARANTINED
+        bed.state_reason = "; ".join(new)
+    session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail="; ".join(new)))
+
+
 def _settle(
     row: Attempt, bed: Bed, verdict: Verdict, *, retries: int
 ) -> tuple[Outcome | None, str | None]:
-    """Apply a verdict to the attempt and the bed: (final outcome or None if requeued, quarantine reason)."""
+    """Apply a verdict to the attempt and the bed: (final outcome or None if requeued, the
+    quarantine reason when the bed failed too often in a row)."""
     row.bed_id = None
     row.lease_expires_at = None
-    quarantine = verdict.quarantine
     if verdict.action != "retry":
         bed.consecutive_errors = 0
         assert verdict.outcome is not None
-        return _done(row, verdict.outcome, verdict.reason), quarantine
+        return _done(row, verdict.outcome, verdict.reason), None
     row.infra_failures += 1
     bed.consecutive_errors += 1
-    if quarantine is None and bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
-        quarantine = (
+    in_a_row = None
+    if bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
+        in_a_row = (
             f"{bed.consecutive_errors} infrastructure failures in a row; last: {verdict.reason}"
         )
     if row.infra_failures > retries:
         return _done(
             row, Outcome.ERROR, f"{verdict.reason} (after {row.infra_failures} tries)"
-        ), quarantine
+        ), in_a_row
     row.state = AttemptState.QUEUED
     row.excluded_beds = sorted({*(row.excluded_beds or []), bed.id})
     row.reason = f"retrying: {verdict.reason}"
-    return None, quarantine
+    return None, in_a_row
 
 
 def _done(row: Attempt, outcome: Outcome, reason: str) -> Outcome:
@@ -312,61 +355,135 @@ class _Attempt:
             extra={**bed.env, "APG_FARM_ATTEMPT": claim.label},
         )
         self.run_id: str | None = None
+        #: run.json of the attempt's run, as the farm read it right after the run.
+        self.record: RunRecord | None = None
+        #: Every quarantine asked for during the attempt, in order; all are applied.
+        self.quarantines: list[str] = []
+        #: The last grade refused the run record, or stamped another model or run because of it.
+        self._record_refused = False
+        #: runs/ held more names than a listing returns: new folders cannot be told apart.
+        self._runs_truncated = False
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
 
     def execute(self) -> Verdict:
-        spec, bed, claim = self.claim.spec, self.bed, self.claim
-        if bed.escrow_set and bed.escrow_files:
-            verdict = self._check_escrow()
+        spec, bed = self.claim.spec, self.bed
+        if not bed.escrow_set and not bed.untrusted_verifier:
+            # The claim refuses such a bed; a bed changed under a running worker meets this.
+            return self._seen(Verdict("retry", UNESCROWED, quarantine=UNESCROWED))
+        for check in (self._check_escrow, lambda: self._check_ddev(after_run=False)):
+            verdict = self._seen(check())
             if verdict.action != "continue":
                 return verdict
-        verdict = judge_verify_before(
-            self._phase("verify_before", self._verify(restore=True), spec.timeouts.verify)
+        verdict = self._seen(
+            judge_verify_before(
+                self._phase("verify_before", self._verify(restore=True), spec.timeouts.verify)
+            )
         )
         if verdict.action != "continue":
             return verdict
         reset = self._phase(
             "reset", contract.reset(bed.ddev, list(bed.fixtures)), spec.timeouts.reset
         )
-        verdict = judge_reset(reset)
+        verdict = self._seen(judge_reset(reset))
         if verdict.action != "continue":
             return verdict
-        run_verdict = self._run_agent()
+        run_verdict = self._seen(self._run_agent())
+        # Whatever the run returned (a crash, a timeout, a vanished run folder), the judging code
+        # is checked now: the DDEV configuration before any other `ddev` call can fire a hook
+        # planted during the run, then the trusted verifier.
+        for check in (
+            lambda: self._check_ddev(after_run=True),
+            lambda: judge_verify_after(
+                self._phase("verify_after", self._verify(restore=False), spec.timeouts.verify)
+            ),
+        ):
+            verdict = self._seen(check())
+            if verdict.action == "final" or (
+                verdict.action == "retry" and run_verdict.action != "retry"
+            ):
+                return verdict
+            if verdict.action == "retry":
+                # The run's own infrastructure failure (a lost link, say) is the reason to give.
+                return run_verdict
         if run_verdict.action != "continue":
             return run_verdict
-        after = judge_verify_after(
-            self._phase("verify_after", self._verify(restore=False), spec.timeouts.verify)
-        )
-        if after.action != "continue":
-            return with_quarantine(after, run_verdict.quarantine)
-        if spec.diff:
+        if run_verdict.adapter_not_started:
+            # run.json says nobody ran; a site that changed says the agent did, and wrote that.
+            changed = self._site_changed()
+            run_verdict = self._seen(
+                judge_not_started(site_changed=changed, reason=run_verdict.reason)
+            )
+            if run_verdict.action != "continue":
+                return run_verdict
+        elif spec.diff:
             # Evidence of what the attempt changed, taken on a verified bed; it never decides the outcome.
-            self._phase(
-                "diff",
-                contract.diff(bed.ddev, list(bed.fixtures), run_id=self.run_id),
-                spec.timeouts.grade,
-            )
-        if self.run_id is None and spec.dataset is None and run_verdict.agent_failed:
-            # Nothing names the model to the grade (no run record, no dataset): the agent's failure
-            # stands as NO_ATTEMPT rather than an ungradable retry.
-            return with_quarantine(
-                Verdict(
-                    "final", f"{run_verdict.reason}; no run record to grade", Outcome.NO_ATTEMPT
-                ),
-                run_verdict.quarantine,
-            )
-        argv = contract.grade(
-            bed.ddev,
-            claim.task,
-            dataset=spec.dataset,
-            model=claim.model if (self.run_id or spec.dataset) else None,
-            run_id=self.run_id,
+            self._diff()
+        return self._grade(run_verdict)
+
+    def _seen(self, verdict: Verdict) -> Verdict:
+        """Keep every quarantine a phase asks for: the final verdict may be another phase's."""
+        if verdict.quarantine and verdict.quarantine not in self.quarantines:
+            self.quarantines.append(verdict.quarantine)
+        return verdict
+
+    def _diff(self) -> PhaseOutput:
+        bed = self.bed
+        return self._phase(
+            "diff",
+            contract.diff(bed.ddev, list(bed.fixtures), run_id=self.run_id),
+            self.claim.spec.timeouts.grade,
         )
+
+    def _site_changed(self) -> bool | None:
+        """The diff's `changed`, taken on a verified bed; None when it cannot be read."""
+        output, result = self._phase_result(
+            "diff",
+            contract.diff(self.bed.ddev, list(self.bed.fixtures), run_id=self.run_id),
+            self.claim.spec.timeouts.grade,
+        )
+        if output.exit_code != 0 or result.stdout.truncated:
+            return None
+        try:
+            changed = contract.parse_json_report(result.stdout.data, what="diff").get("changed")
+        except FarmError:
+            return None
+        return changed if isinstance(changed, bool) else None
+
+    def _grade_dataset(self) -> str | None:
+        """The dataset to name to the grade: the sweep's, else the one the run record names."""
+        if self.claim.spec.dataset is not None:
+            return self.claim.spec.dataset
+        recorded = self.record.dataset if self.record else None
+        if recorded is None or not contract.SAFE_ARG.fullmatch(recorded):
+            return None
+        return recorded
+
+    def _grade(self, run_verdict: Verdict) -> Verdict:
+        """Grade the attempt's own work with the attempt's own model (the farm knows both)."""
+        dataset = self._grade_dataset()
+        verdict = self._grade_once(run_verdict, dataset, run_id=self.run_id)
+        if self.run_id is not None and self._record_refused and not run_verdict.agent_failed:
+            # The run record is agent-writable: a record the grade refuses, or one that made the
+            # grade stamp another model or run, must not move the attempt out of the denominator.
+            # The live site is what is judged: grade it again without the record.
+            verdict = self._grade_once(run_verdict, dataset, run_id=None)
+        return with_quarantine(verdict, run_verdict.quarantine)
+
+    def _grade_once(
+        self, run_verdict: Verdict, dataset: str | None, *, run_id: str | None
+    ) -> Verdict:
+        spec, claim, bed = self.claim.spec, self.claim, self.bed
+        # The model is positional after the dataset: named whenever the dataset is known. With
+        # neither a dataset nor a run record the grade stamps no model, and none is checked.
+        model = claim.model if dataset is not None else None
+        argv = contract.grade(bed.ddev, claim.task, dataset=dataset, model=model, run_id=run_id)
         output, result = self._phase_result(
             "grade", argv, spec.timeouts.grade, stdout_limit=GRADE_STDOUT_LIMIT
         )
+        self._record_refused = any(t.name == "APG_GRADE_RUN_INVALID" for t in output.tokens)
+        self.grade, self.envelope = None, None
         problem = None
         if output.exit_code == 0 and result.rc is not None:
             if not result.stdout.truncated:
@@ -376,25 +493,49 @@ class _Attempt:
                     result.stdout.data,
                     truncated=result.stdout.truncated,
                     task=claim.task,
-                    model=claim.model,
-                    run_id=self.run_id,
+                    model=claim.model if (model or run_id) else None,
+                    run_id=run_id,
                 )
             except EnvelopeError as error:
                 problem = f"{error.problem}: {error.message}"
-        verdict = judge_grade(
-            output,
-            grade=self.grade,
-            envelope_problem=problem,
-            agent_failed=run_verdict.agent_failed,
+                self._record_refused |= error.problem in ("other_model", "other_run")
+        return self._seen(
+            judge_grade(
+                output,
+                grade=self.grade,
+                envelope_problem=problem,
+                agent_failed=run_verdict.agent_failed,
+                grader_mismatch=self._grader_mismatch(),
+            )
         )
-        return with_quarantine(verdict, run_verdict.quarantine)
+
+    def _grader_mismatch(self) -> str | None:
+        """The envelope's grader_tree_sha256 against the escrowed one, when both are known."""
+        recorded = self.bed.grader_tree_sha256
+        graded = self.grade.provenance.get("grader_tree_sha256") if self.grade else None
+        if recorded is None or graded is None or graded == recorded:
+            return None
+        return f"envelope grader_tree_sha256 {graded[:16]}…, escrow records {recorded[:16]}…"
+
+    def _check_ddev(self, *, after_run: bool) -> Verdict:
+        """The DDEV configuration against its fingerprint: one command on the host, never `ddev`."""
+        if self.bed.ddev_files is None:
+            return Verdict("retry", UNFINGERPRINTED, quarantine=UNFINGERPRINTED)
+        argv = ddev_config_argv(self.bed.approot)
+        name = "ddev_check_after" if after_run else "ddev_check"
+        output, result = self._phase_result(name, argv, self.claim.spec.timeouts.verify)
+        changes = hash_changes_in(self.bed.ddev_files, result)
+        return judge_ddev_check(output, changes=changes, after_run=after_run)
 
     def _check_escrow(self) -> Verdict:
         """The escrow set's files against the hashes recorded at enrolment: one command on the host."""
-        assert self.bed.escrow_set is not None and self.bed.escrow_files is not None
+        if not self.bed.escrow_set:
+            return CONTINUE  # an --untrusted-verifier bed: nothing escrowed to check
+        if not self.bed.escrow_files:
+            return Verdict("retry", UNFINGERPRINTED, quarantine=UNFINGERPRINTED)
         argv = escrow_hash_argv(self.bed.escrow_set)
         output, result = self._phase_result("escrow_check", argv, self.claim.spec.timeouts.verify)
-        return judge_escrow_check(output, changes=escrow_changes_in(self.bed.escrow_files, result))
+        return judge_escrow_check(output, changes=hash_changes_in(self.bed.escrow_files, result))
 
     def _verify(self, *, restore: bool) -> tuple[str, ...]:
         if self.bed.escrow_set:
@@ -405,12 +546,22 @@ class _Attempt:
     def _run_agent(self) -> Verdict:
         spec, claim, bed = self.claim.spec, self.claim, self.bed
         runs = bed.runs_dir()
-        before = set(self.engine.transport.list_dir(runs) or [])
+        try:
+            before = self._list_runs(runs)
+        except ListingFailed as error:
+            # runs/ survives resets: a folder that cannot be listed stays broken for every attempt.
+            reason = f"runs/ cannot be listed before the run: {error.reason}"
+            return Verdict("retry", reason, quarantine=reason)
         argv = contract.run(
             bed.ddev, claim.task, agent=spec.agent, dataset=spec.dataset, model=claim.model
         )
         output, result = self._phase_result("run", argv, spec.timeouts.run)
-        after = set(self.engine.transport.list_dir(runs) or [])
+        try:
+            after, broken = self._list_runs(runs), None
+        except ListingFailed as error:
+            # Never an empty folder, nor a way out for an agent that broke it: the live site is
+            # graded, and the bed is quarantined.
+            after, broken = before, f"runs/ cannot be listed after the run: {error.reason}"
         found = contract.discover_run_id(
             task=claim.task,
             printed=contract.printed_run_ids(result.stdout.text()),
@@ -418,10 +569,41 @@ class _Attempt:
             after=after,
             read_run_json=lambda run_id: self._read_run_json(runs, run_id),
         )
-        self.run_id = found.run_id
+        self.run_id = found.run_id or self._own_candidate(runs, found.candidates)
+        if self.run_id is not None:
+            self.record = contract.run_record(self._read_run_json(runs, self.run_id) or {})
         # A new run folder means the adapter ran, even when its id cannot be told apart (several
         # folders, an unreadable run.json): then the live site is graded without --run.
-        return judge_run(output, run_recorded=found.run_id is not None or bool(after - before))
+        verdict = judge_run(
+            output,
+            run_recorded=self.run_id is not None or bool(after - before),
+            attempted=self.record.attempted if self.record else None,
+            tokens_dropped=result.stderr.token_lines_dropped,
+        )
+        return with_quarantine(verdict, broken)
+
+    def _list_runs(self, runs: str) -> set[str]:
+        """The names under runs/; a listing cut at its limit adds nothing new (only a printed id,
+        checked against its run.json, can then name the run)."""
+        listing = self.engine.transport.list_dir(runs)
+        if listing is None:
+            return set()
+        names = set(listing)
+        if getattr(listing, "truncated", False):
+            self._runs_truncated = True
+        return names
+
+    def _own_candidate(self, runs: str, candidates: tuple[str, ...]) -> str | None:
+        """Among run folders naming the task, the one naming the attempt's model, if exactly one
+        does: a decoy naming another model cannot take the attempt's place."""
+        if self._runs_truncated:
+            return None
+        own = [
+            c
+            for c in candidates
+            if contract.run_record(self._read_run_json(runs, c) or {}).model == self.claim.model
+        ]
+        return own[0] if len(own) == 1 else None
 
     def _read_run_json(self, runs: str, run_id: str) -> dict[str, object] | None:
         data = self.engine.transport.read_file(f"{runs}/{run_id}/run.json", limit=RUN_JSON_LIMIT)

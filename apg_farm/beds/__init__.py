@@ -9,11 +9,15 @@ web container can see. Imports store, contract and transports.
 from __future__ import annotations
 
 from apg_farm.beds.escrow import (
+    EscrowRecord,
+    apply_escrow_record,
     enrol_escrow,
-    escrow_changes_in,
     escrow_hash_argv,
+    fingerprint_escrow_set,
     record_escrow_set,
 )
+from apg_farm.beds.fingerprints import ddev_config_argv, record_ddev_config
+from apg_farm.beds.hashes import hash_changes_in
 from apg_farm.beds.inventory import apply_inventory, load_inventory
 from apg_farm.beds.maintenance import run_doctor, run_escrow, run_provision
 from apg_farm.beds.mounts import check_bed_mounts, classify_container, doctor_bed
@@ -30,21 +34,26 @@ from apg_farm.beds.registry import (
 from apg_farm.beds.remote import NewRemoteBed, add_remote_bed, set_docker_host
 
 __all__ = [
+    "EscrowRecord",
     "NewBed",
     "NewRemoteBed",
     "add_bed",
     "add_remote_bed",
+    "apply_escrow_record",
     "apply_inventory",
     "check_bed_mounts",
     "classify_container",
+    "ddev_config_argv",
     "doctor_bed",
     "enrol_escrow",
-    "escrow_changes_in",
     "escrow_hash_argv",
+    "fingerprint_escrow_set",
     "finish_draining",
     "get_bed",
+    "hash_changes_in",
     "list_beds",
     "load_inventory",
+    "record_ddev_config",
     "record_escrow_set",
     "record_event",
     "release_bed",

@@ -7,26 +7,24 @@ hashes the set again, and a bed whose set changed is quarantined before anything
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from sqlalchemy import select
 
 from apg_farm import contract
+from apg_farm.beds.fingerprints import grader_hash, hash_ddev_config
+from apg_farm.beds.hashes import NOT_A_FILE, hash_now
 from apg_farm.beds.maintenance import run_escrow
-from apg_farm.contract import ESCROW_SET_MISSING, bed_environment
-from apg_farm.errors import ContractViolation, FarmError, NotFound
+from apg_farm.contract import ESCROW_SET_MISSING
+from apg_farm.errors import ContractViolation, NotFound
 from apg_farm.store import Bed, BedEvent, Store, utcnow
-from apg_farm.transports import CommandResult, Transport, host_environment, transport_in_use
+from apg_farm.transports import Transport, transport_in_use
 
 #: The verifier's file name inside an escrow set (APG README, "Unattended runs").
 VERIFIER = "escrow-verify.sh"
 #: Exit code of the hash command when the escrow set's folder is gone.
 SET_MISSING = ESCROW_SET_MISSING
-#: Hash value recorded for something in the set that is not a regular file (a symlink, a FIFO).
-NOT_A_FILE = "not-a-file"
 #: Seconds the hash command may take at enrolment (a set holds a database dump).
 HASH_TIMEOUT = 300.0
 
@@ -37,71 +35,33 @@ HASH_SCRIPT = (
     "&& find . -type f -exec sha256sum -- {} +\n"
 )
 
-_HASH_LINE = re.compile(r"\\?([0-9a-f]{64}|not-a-file)  (.+)")
-
 
 def escrow_hash_argv(escrow_set: str) -> tuple[str, ...]:
     """The one command that hashes every file of the set on the bed's host."""
     return ("/bin/sh", "-c", HASH_SCRIPT, "apg-farm-escrow-hash", escrow_set)
 
 
-def read_hashes(result: CommandResult) -> dict[str, str] | None:
-    """Relative path -> sha256 (or "not-a-file") from the hash command; None when it failed."""
-    if result.rc != 0 or result.transport_error or result.stdout.truncated:
-        return None
-    found: dict[str, str] = {}
-    for line in result.stdout.text().splitlines():
-        match = _HASH_LINE.fullmatch(line)
-        if match is None:
-            return None
-        name = match.group(2)
-        found[name[2:] if name.startswith("./") else name] = match.group(1)
-    return found
-
-
-def changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """What differs, one phrase per file: `escrow-verify.sh changed`, `x added`, `y removed`."""
-    found = []
-    for name in sorted(set(recorded) | set(current)):
-        if name not in current:
-            found.append(f"{name} removed")
-        elif name not in recorded:
-            found.append(f"{name} added")
-        elif recorded[name] != current[name]:
-            found.append(f"{name} changed")
-    return found
-
-
-def escrow_changes_in(recorded: Mapping[str, str], result: CommandResult) -> list[str] | None:
-    """The changes the hash command shows against the recorded hashes; None when it failed."""
-    current = read_hashes(result)
-    return None if current is None else changes(recorded, current)
-
-
 @dataclass(frozen=True)
 class EscrowRecord:
-    """An escrow set as the farm recorded it."""
+    """An escrow set as the farm recorded it, with the bed's other judging code."""
 
     path: str
     files: dict[str, str]
+    #: The DDEV configuration's files and their sha256 (see fingerprints.py).
+    ddev_files: dict[str, str] = field(default_factory=dict)
+    #: The grader tree sha256 the set holds, when it holds exactly one.
+    grader_tree_sha256: str | None = None
 
 
 def hash_escrow_set(bed: Bed, escrow_set: str, *, transport: Transport) -> dict[str, str]:
     """Hash the set on the bed's host now; raises FarmError when that fails."""
-    result = transport.run(
+    files = hash_now(
+        bed,
         escrow_hash_argv(escrow_set),
-        cwd="/",
-        env=bed_environment(base=host_environment(transport), extra=dict(bed.env)),
+        transport=transport,
         timeout=HASH_TIMEOUT,
-        stdout_limit=4 << 20,
-        stderr_limit=1 << 16,
+        what=f"escrow set {escrow_set}",
     )
-    files = read_hashes(result)
-    if files is None:
-        why = result.transport_error or (
-            "timed out" if result.timed_out else result.stderr.text().strip()[:300]
-        )
-        raise FarmError(f"cannot hash escrow set {escrow_set} on bed {bed.name}: {why}")
     if files.get(VERIFIER, NOT_A_FILE) == NOT_A_FILE:
         raise ContractViolation(
             f"escrow set {escrow_set} of bed {bed.name} has no regular {VERIFIER}",
@@ -130,18 +90,39 @@ def record_escrow_set(
     store: Store, bed: Bed, escrow_set: str, *, transport: Transport | None = None
 ) -> EscrowRecord:
     """Record an existing escrow set: its absolute path and the sha256 of every file in it."""
-    path = _outside_project(bed, escrow_set)
-    with transport_in_use(bed, transport) as used:
-        files = hash_escrow_set(bed, path, transport=used)
+    record = fingerprint_escrow_set(bed, escrow_set, transport=transport)
     with store.session() as session:
         row = session.scalar(select(Bed).where(Bed.id == bed.id).with_for_update())
         if row is None:
             raise NotFound(f"no bed named {bed.name!r}", fix="see `apg-farm bed list`")
-        row.escrow_set = path
-        row.escrow_files = files
-        row.escrow_recorded_at = utcnow()
-        session.add(BedEvent(bed_id=row.id, kind="escrow", detail=f"{path} ({len(files)} files)"))
-    return EscrowRecord(path, files)
+        apply_escrow_record(row, record)
+        detail = f"{record.path} ({len(record.files)} files, {len(record.ddev_files)} DDEV files)"
+        session.add(BedEvent(bed_id=row.id, kind="escrow", detail=detail))
+    return record
+
+
+def fingerprint_escrow_set(
+    bed: Bed, escrow_set: str, *, transport: Transport | None = None
+) -> EscrowRecord:
+    """Hash the escrow set, read its grader hash and fingerprint the DDEV configuration, now."""
+    path = _outside_project(bed, escrow_set)
+    with transport_in_use(bed, transport) as used:
+        files = hash_escrow_set(bed, path, transport=used)
+        return EscrowRecord(
+            path,
+            files,
+            ddev_files=hash_ddev_config(bed, transport=used),
+            grader_tree_sha256=grader_hash(path, files, transport=used),
+        )
+
+
+def apply_escrow_record(row: Bed, record: EscrowRecord) -> None:
+    """What the farm checks before each attempt, written onto the bed row."""
+    row.escrow_set = record.path
+    row.escrow_files = record.files
+    row.ddev_files = record.ddev_files
+    row.grader_tree_sha256 = record.grader_tree_sha256
+    row.escrow_recorded_at = utcnow()
 
 
 def enrol_escrow(

@@ -10,6 +10,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from apg_farm.beds.fingerprints import record_ddev_config
 from apg_farm.contract import bed_environment, check_arg
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
@@ -27,6 +28,8 @@ class NewBed:
     fixtures: tuple[str, ...] = DEFAULT_FIXTURES
     escrow_set: Path | None = None
     env: tuple[tuple[str, str], ...] = ()
+    #: No escrow set, on purpose: verified by the agent-writable ddev wrapper; reports say so.
+    untrusted_verifier: bool = False
 
 
 def _resolve_ddev(ddev: str) -> str:
@@ -69,6 +72,7 @@ def validate_new_bed(bed: NewBed) -> Bed:
             "no fixtures given", field="--fixtures", fix="e.g. --fixtures kb_docs,canvas_home"
         )
     fixtures = [check_arg("--fixtures", f) for f in bed.fixtures]
+    check_untrusted(bed.escrow_set is not None, bed.untrusted_verifier)
     escrow = None
     if bed.escrow_set is not None:
         escrow_path = bed.escrow_set.expanduser().resolve()
@@ -96,14 +100,27 @@ def validate_new_bed(bed: NewBed) -> Bed:
         pool=pool_key(fixtures),
         escrow_set=escrow,
         env=env,
+        untrusted_verifier=bed.untrusted_verifier,
         state=BedState.ACTIVE,
     )
+
+
+def check_untrusted(has_escrow: bool, untrusted_verifier: bool) -> None:
+    """An escrow set and --untrusted-verifier contradict each other."""
+    if has_escrow and untrusted_verifier:
+        raise BadInput(
+            "--untrusted-verifier with an escrow set",
+            field="--untrusted-verifier",
+            fix="drop it: a bed with an escrow set is verified by its trusted verifier",
+        )
 
 
 def add_bed(store: Store, bed: NewBed) -> Bed:
     """Enrol a bed; a name already taken is an error, not an update."""
     row = validate_new_bed(bed)
     store_new_bed(store, row, detail=f"{row.approot} pool={row.pool}")
+    if row.untrusted_verifier:
+        record_ddev_config(store, row)
     return row
 
 

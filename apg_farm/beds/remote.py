@@ -8,7 +8,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from apg_farm.beds.escrow import EscrowRecord, record_escrow_set
-from apg_farm.beds.registry import store_new_bed
+from apg_farm.beds.fingerprints import record_ddev_config
+from apg_farm.beds.registry import check_untrusted, store_new_bed
 from apg_farm.contract import bed_environment, check_arg
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
@@ -35,6 +36,8 @@ class NewRemoteBed:
     escrow_set: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     docker_host: str | None = None
+    #: No escrow set, on purpose: verified by the agent-writable ddev wrapper; reports say so.
+    untrusted_verifier: bool = False
 
 
 @dataclass
@@ -98,6 +101,7 @@ def validate_remote_bed(
             field="NAME",
             fix="use letters, digits, '.', '_', '-'",
         )
+    check_untrusted(bed.escrow_set is not None, bed.untrusted_verifier)
     target = target_for(bed)
     approot = _remote_path(bed.approot, "--approot")
     if not bed.fixtures:
@@ -128,6 +132,7 @@ def validate_remote_bed(
         pool=pool_key(fixtures),
         env=env,
         meta={"docker_host": bed.docker_host} if bed.docker_host else None,
+        untrusted_verifier=bed.untrusted_verifier,
         state=BedState.ACTIVE,
     )
     return CheckedRemoteBed(row, transport)
@@ -143,6 +148,8 @@ def add_remote_bed(store: Store, bed: NewRemoteBed) -> tuple[Bed, str | None, Es
     record = None
     if bed.escrow_set is not None:
         record = record_escrow_set(store, row, bed.escrow_set, transport=checked.transport)
+    elif row.untrusted_verifier:
+        record_ddev_config(store, row, transport=checked.transport)
     checked.transport.close()
     return row, checked.pinned, record
 

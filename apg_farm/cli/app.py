@@ -104,8 +104,19 @@ def bed_add(
     docker_host: Annotated[
         str | None, typer.Option("--docker-host", help="Docker engine for the mounts check.")
     ] = None,
+    untrusted_verifier: Annotated[
+        bool,
+        typer.Option(
+            "--untrusted-verifier",
+            help="Run attempts with no escrow set: verified by the agent-writable ddev wrapper; "
+            "reports say so.",
+        ),
+    ] = False,
 ) -> None:
-    """Enrol a bed: on this machine, or on another host with --ssh."""
+    """Enrol a bed: on this machine, or on another host with --ssh.
+
+    A bed takes attempts once its escrow set is recorded (--escrow-set, or `apg-farm bed escrow`),
+    or when enrolled with --untrusted-verifier."""
     if ssh is not None:
         remote.add_ssh_bed(
             name=name,
@@ -119,6 +130,7 @@ def bed_add(
             known_hosts=known_hosts,
             trust_host_key=trust_host_key,
             docker_host=docker_host,
+            untrusted_verifier=untrusted_verifier,
         )
         return
     if identity or known_hosts or trust_host_key:
@@ -137,6 +149,7 @@ def bed_add(
             fixtures=_split(fixtures, "--fixtures"),
             escrow_set=escrow_set,
             env=_env_pairs(env or []),
+            untrusted_verifier=untrusted_verifier,
         ),
     )
     if docker_host:
@@ -144,10 +157,15 @@ def bed_add(
     out.print(f"bed {row.name} added to pool {row.pool} ({row.approot})")
     if row.escrow_set is not None:
         record_escrow_set(store, row, row.escrow_set)
+    elif row.untrusted_verifier:
+        err.print(
+            "[yellow]warning:[/] --untrusted-verifier: verification uses `ddev ai-eval-verify`, which "
+            "an agent can rewrite; reports of sweeps that ran here say so."
+        )
     else:
         err.print(
-            "[yellow]warning:[/] no --escrow-set: verification will use `ddev ai-eval-verify`, which an "
-            "agent can rewrite. Run `ddev ai-eval-escrow` on the bed and enrol its path for unattended runs."
+            "[yellow]note:[/] no escrow set yet: the bed takes no attempt until `apg-farm bed escrow "
+            f"{row.name}` records one (or it is enrolled with --untrusted-verifier)."
         )
 
 
@@ -169,6 +187,7 @@ def bed_list(
                     "transport": b.transport,
                     "host": b.host,
                     "escrow_set": b.escrow_set,
+                    "untrusted_verifier": b.untrusted_verifier,
                 }
                 for b in beds
             ]
@@ -179,7 +198,13 @@ def bed_list(
         table.add_column(column)
     for b in beds:
         style = "red" if b.state == BedState.QUARANTINED else ""
-        verifier = "escrow (trusted)" if b.escrow_set else "[yellow]ddev wrapper (untrusted)[/]"
+        verifier = (
+            "escrow (trusted)"
+            if b.escrow_set
+            else "[yellow]ddev wrapper (--untrusted-verifier)[/]"
+            if b.untrusted_verifier
+            else "[red]none: takes no attempt until escrowed[/]"
+        )
         table.add_row(
             b.name,
             b.pool,
@@ -317,8 +342,22 @@ def demo_cmd(
         float, typer.Option(min=1, help="Divide real bed timings by this.")
     ] = 400,
     faults: Annotated[bool, typer.Option(help="Inject faults on some beds.")] = False,
+    attacks: Annotated[
+        bool,
+        typer.Option(
+            "--attacks",
+            help="Instead, play every attack of the catalogue (docs/attacks.md), one bed each, "
+            "and print what the farm recorded; exit 1 unless each ended as catalogued.",
+        ),
+    ] = False,
 ) -> None:
     """Run a sweep of 2 models x 3 tasks on simulated beds, embedded, and print the results."""
+    if attacks:
+        from apg_farm.cli.attacks import play_catalogue
+
+        if not play_catalogue(open_store()):
+            raise typer.Exit(1)
+        return
     from apg_farm.cli.demo import run_demo
 
     ok = run_demo(open_store(), beds=beds, trials=trials, time_scale=time_scale, faults=faults)

@@ -49,6 +49,12 @@ def report_table(report: dict[str, Any]) -> Table:
         )
     outcomes = ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()) or "none"
     table.caption = f"outcomes: {outcomes}. n counts PASSED+FAILED+NO_ATTEMPT+TAMPERED."
+    if report.get("untrusted_verifier"):
+        beds = ", ".join(report["untrusted_verifier"])
+        table.caption += (
+            f"\n[yellow]untrusted verifier:[/] attempts on {beds} were verified by the "
+            "agent-writable `ddev ai-eval-verify` (enrolled --untrusted-verifier)."
+        )
     return table
 
 

@@ -9,7 +9,14 @@ from typing import Any
 
 from sqlalchemy import select
 
-from apg_farm.beds import NewBed, run_escrow, run_provision, validate_new_bed
+from apg_farm.beds import (
+    NewBed,
+    apply_escrow_record,
+    fingerprint_escrow_set,
+    run_escrow,
+    run_provision,
+    validate_new_bed,
+)
 from apg_farm.cli.common import err, out, report_table
 from apg_farm.cli.running import execute_sweep
 from apg_farm.defaults import DEFAULT_FIXTURES
@@ -85,7 +92,7 @@ def simulated_bed(
         )
     )
     run_provision(row)
-    row.escrow_set = run_escrow(row)
+    apply_escrow_record(row, fingerprint_escrow_set(row, run_escrow(row)))
     return row
 
 
@@ -97,7 +104,18 @@ def _upsert_bed(store: Store, fresh: Bed) -> None:
             session.flush()
             session.add(BedEvent(bed_id=fresh.id, kind="added", detail="demo bed"))
             return
-        for column in ("approot", "ddev", "fixtures", "pool", "escrow_set", "env"):
+        for column in (
+            "approot",
+            "ddev",
+            "fixtures",
+            "pool",
+            "escrow_set",
+            "escrow_files",
+            "escrow_recorded_at",
+            "ddev_files",
+            "grader_tree_sha256",
+            "env",
+        ):
             setattr(row, column, getattr(fresh, column))
         row.state = BedState.ACTIVE
         row.state_reason = None

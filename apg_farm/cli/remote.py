@@ -36,6 +36,7 @@ def add_ssh_bed(
     known_hosts: Path | None,
     trust_host_key: bool,
     docker_host: str | None,
+    untrusted_verifier: bool = False,
 ) -> None:
     """`bed add NAME --ssh user@host[:port] ...`: reach the host, find the bed there, enrol it."""
     row, pinned, record = add_remote_bed(
@@ -52,6 +53,7 @@ def add_ssh_bed(
             escrow_set=escrow_set,
             env=env,
             docker_host=docker_host,
+            untrusted_verifier=untrusted_verifier,
         ),
     )
     if pinned:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from apg_farm.errors import BadInput, ContractViolation, UnsafeArgument
-from apg_farm.transports import CommandResult
+from apg_farm.transports import ANSI_ESCAPE, TOKEN_LINE, CommandResult
 
 # -- arguments -----------------------------------------------------------------------------------
 
@@ -177,21 +177,10 @@ def escrow(ddev: str, fixtures: Sequence[str], *, force: bool = False) -> tuple[
 
 # -- text ----------------------------------------------------------------------------------------
 
-# SGR colours (the contract's form), other CSI, 8-bit CSI, OSC, charset and two-byte escapes,
-# then a lone ESC.
-_ANSI = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"
-    r"|\x9b[0-?]*[ -/]*[@-~]"
-    r"|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)?"
-    r"|\x1b[ -/]+[0-~]"
-    r"|\x1b[@-Z\\-_]"
-    r"|\x1b"
-)
-
 
 def strip_ansi(text: str) -> str:
     """Text without terminal escape sequences (colours and any other CSI/OSC)."""
-    return _ANSI.sub("", text)
+    return ANSI_ESCAPE.sub("", text)
 
 
 def _lines(text: str) -> list[str]:
@@ -200,8 +189,6 @@ def _lines(text: str) -> list[str]:
 
 
 # -- tokens --------------------------------------------------------------------------------------
-
-_TOKEN = re.compile(r"^\s*(APG_[A-Z_]+)\b(.*)$")
 
 
 @dataclass(frozen=True)
@@ -216,7 +203,7 @@ def parse_tokens(text: str) -> list[Token]:
     """Every APG token line in `text`, in order."""
     tokens = []
     for line in _lines(text):
-        m = _TOKEN.match(line)
+        m = TOKEN_LINE.match(line)
         if m:
             tokens.append(Token(m.group(1), m.group(2).strip()))
     return tokens
@@ -318,7 +305,9 @@ def read_output(result: CommandResult) -> PhaseOutput:
     return PhaseOutput(
         observed_rc=rc,
         exit_code=exit_code,
-        tokens=tuple(parse_tokens(stderr)),
+        # Head and tail, and the token lines the capture kept from the omitted middle between
+        # them: a token printed amid megabytes of noise is still read, once, in stream order.
+        tokens=tuple(parse_tokens(result.stderr.token_text())),
         ddev_failure=failure,
         project_start_failed="Failed to start project for custom command" in clean,
         unknown_command=re.search(r"(?mi)^[ \t]*Error: unknown command\b", clean) is not None,
@@ -380,6 +369,11 @@ class RunIdDiscovery:
 
     run_id: str | None
     reason: str
+    #: Run ids whose run.json names the task, printed ones first, then new directories in sorted
+    #: order; only those read, so at most the bound on reads.
+    candidates: tuple[str, ...] = ()
+    #: Printed ids and new directories left unread because of that bound.
+    unread: int = 0
 
 
 def discover_run_id(
@@ -389,11 +383,16 @@ def discover_run_id(
     before: Collection[str],
     after: Collection[str],
     read_run_json: Callable[[str], Mapping[str, object] | None],
+    max_reads: int = 16,
 ) -> RunIdDiscovery:
     """The run id of the attempt at `task`: a printed one whose run.json names the task, else the
     one new runs/ directory whose run.json names it.
 
-    `read_run_json(id)` returns the parsed run.json or None when it is missing or unreadable.
+    `read_run_json(id)` returns the parsed run.json or None when it is missing or unreadable. It
+    is called at most `max_reads` times (over SSH each read is a round trip, and an agent can make
+    thousands of folders): printed ids first, then new directories in sorted order. When some are
+    left unread the answer is ambiguous, unless exactly one printed id names the task and every
+    printed id was read.
     """
 
     def read(run_id: str) -> Mapping[str, object] | None:
@@ -402,41 +401,66 @@ def discover_run_id(
         except (OSError, ValueError, RecursionError, ContractViolation):
             return None
 
+    before_set = before if isinstance(before, (set, frozenset)) else set(before)
     notes: list[str] = []
+    read_ids: set[str] = set()
     printed_ok: list[str] = []
+    printed_unread: set[str] = set()
     for p in dict.fromkeys(printed):
         if not _is_run_id(p):
             notes.append(f"printed {p[:80]!r} is not a run id")
-        elif p in before:
+        elif p in before_set:
             notes.append(f"printed {p!r} existed before the run")
+        elif len(read_ids) >= max_reads:
+            printed_unread.add(p)
         else:
+            read_ids.add(p)
             doc = read(p)
             if _names_task(doc, task):
                 printed_ok.append(p)
             else:
                 notes.append(f"printed {p!r}: {_task_of(doc)}")
-    new_dirs = sorted(d for d in set(after) - set(before) if _is_run_id(d))
+    new_dirs = sorted(d for d in set(after) if d not in before_set and _is_run_id(d))
     new_ok: list[str] = []
+    new_unread = 0
     for d in new_dirs:
-        if d in printed_ok:
+        if d in read_ids or d in printed_unread:
+            continue  # a printed id, read or counted already
+        if len(read_ids) >= max_reads:
+            new_unread += 1
             continue
+        read_ids.add(d)
         doc = read(d)
         if _names_task(doc, task):
             new_ok.append(d)
         else:
             notes.append(f"new {d!r}: {_task_of(doc)}")
-    detail = "; ".join(notes)
-    if len(printed_ok) == 1:
-        return RunIdDiscovery(printed_ok[0], f"printed by the run, run.json names {task!r}")
+    candidates = tuple(dict.fromkeys([*printed_ok, *new_ok]))
+    unread = len(printed_unread) + new_unread
+
+    def found(run_id: str | None, reason: str) -> RunIdDiscovery:
+        return RunIdDiscovery(run_id, reason, candidates=candidates, unread=unread)
+
+    if len(printed_ok) == 1 and not printed_unread:
+        return found(printed_ok[0], f"printed by the run, run.json names {task!r}")
     if len(printed_ok) > 1:
-        return RunIdDiscovery(None, f"ambiguous: printed run ids naming {task!r}: {printed_ok}")
+        return found(None, f"ambiguous: printed run ids naming {task!r}: {printed_ok[:8]}")
+    if unread:
+        return found(
+            None,
+            f"ambiguous: {len(new_dirs)} new run directories, more than the {max_reads} run.json "
+            f"it may read ({unread} left unread, {len(printed_unread)} of them printed); naming "
+            f"{task!r} among those read: {list(candidates[:8])}",
+        )
     if len(new_ok) == 1:
-        return RunIdDiscovery(new_ok[0], f"the one new run directory naming {task!r}")
+        return found(new_ok[0], f"the one new run directory naming {task!r}")
     if len(new_ok) > 1:
-        return RunIdDiscovery(None, f"ambiguous: new run directories naming {task!r}: {new_ok}")
+        return found(None, f"ambiguous: new run directories naming {task!r}: {new_ok[:8]}")
     if not new_dirs and not printed:
-        return RunIdDiscovery(None, "no run id printed and no new directory under runs/")
-    return RunIdDiscovery(None, f"no run names {task!r}: {detail}")
+        return found(None, "no run id printed and no new directory under runs/")
+    # Printed ids are not bounded by the reads: keep the reason short.
+    detail = "; ".join(notes[:8]) + (f"; and {len(notes) - 8} more" if len(notes) > 8 else "")
+    return found(None, f"no run names {task!r}: {detail}")
 
 
 @dataclass(frozen=True)

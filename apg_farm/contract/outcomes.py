@@ -7,7 +7,7 @@ agent failure is never retried away (it is graded, and counts as a failure).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
@@ -146,9 +146,23 @@ class Verdict:
     quarantine: str | None = None
     #: The run ended without a completed attempt because of the agent, not the bed.
     agent_failed: bool = False
+    #: run.json says the adapter never started (`attempted: false`): an infrastructure failure,
+    #: unless the site changed after all (then the agent ran and wrote that itself).
+    adapter_not_started: bool = False
 
 
 CONTINUE = Verdict("continue")
+
+#: Why a bed without an escrow set takes no attempt (unless enrolled with --untrusted-verifier).
+UNESCROWED = (
+    "no escrow set: its verifier (`ddev ai-eval-verify`) is agent-writable; escrow it with "
+    "`apg-farm bed escrow NAME`, or enrol it with --untrusted-verifier"
+)
+#: Why a bed whose judging code was never fingerprinted takes no attempt.
+UNFINGERPRINTED = (
+    "judging code not fingerprinted (escrow set files or DDEV configuration): "
+    "run `apg-farm bed escrow NAME`"
+)
 
 
 def _retry(reason: str, quarantine: str | None = None) -> Verdict:
@@ -215,8 +229,21 @@ def judge_reset(output: PhaseOutput) -> Verdict:
     return CONTINUE
 
 
-def judge_run(output: PhaseOutput, *, run_recorded: bool) -> Verdict:
-    """The agent's run: adapter start failures are the bed's; agent failures are the model's."""
+def judge_run(
+    output: PhaseOutput,
+    *,
+    run_recorded: bool,
+    attempted: bool | None = None,
+    tokens_dropped: int = 0,
+) -> Verdict:
+    """The agent's run: adapter start failures are the bed's; agent failures are the model's.
+
+    `attempted` is run.json's word on whether an attempt happened (None when not known). A run
+    that exits 0 without a run record is graded live: the record is agent-writable, and an agent
+    that deleted it must not turn its attempt into an infrastructure failure. `tokens_dropped`
+    counts token lines of the run's stderr that were not kept (a flood of them): a leak may hide
+    there, so the bed is quarantined for a human to look.
+    """
     found = effects(output, "run")
     # A leaked token quarantines the bed whatever else happened: the token must be revoked.
     security = (
@@ -229,8 +256,16 @@ def judge_run(output: PhaseOutput, *, run_recorded: bool) -> Verdict:
         verdict = _retry(
             f"run: adapter could not start: {_token_list(output, Effect.INFRA, 'run')}"
         )
+    if verdict is None and attempted is False and Effect.AGENT not in found:
+        # Only an adapter that never started may say so; an agent that ran can write it too,
+        # which the engine catches by the site: unchanged means nobody ran.
+        verdict = Verdict(
+            "continue",
+            f"run.json says the adapter never started (exit {output.exit_code})",
+            adapter_not_started=True,
+        )
     if verdict is None and output.exit_code == 0 and not run_recorded:
-        verdict = _retry("run: exit 0 but no run record (runs/<id>/run.json) for this task")
+        verdict = Verdict("continue", "run: exit 0 but no run record; the live site is graded")
     if verdict is None and output.exit_code == 0:
         verdict = CONTINUE
     if verdict is None and (Effect.AGENT in found or run_recorded):
@@ -241,16 +276,33 @@ def judge_run(output: PhaseOutput, *, run_recorded: bool) -> Verdict:
         verdict = _retry(
             f"run failed before the adapter started (exit {output.exit_code}, no run record)"
         )
-    return with_quarantine(verdict, security)
+    flood = (
+        f"run stderr held {tokens_dropped} more APG_ token lines than are kept: a leaked token "
+        "may hide among them; read the run's transcript and revoke the token if it leaked"
+        if tokens_dropped
+        else None
+    )
+    return with_quarantine(with_quarantine(verdict, security), flood)
+
+
+def judge_not_started(*, site_changed: bool | None, reason: str) -> Verdict:
+    """run.json said the adapter never started; the diff taken on a verified bed says whether
+    the site changed. Unchanged (or unknown): nobody ran, retry elsewhere. Changed: the agent ran
+    and claims otherwise, so it is graded as an agent failure."""
+    if site_changed:
+        return Verdict(
+            "continue", f"agent failed: {reason}, but the site changed", agent_failed=True
+        )
+    known = "unchanged" if site_changed is False else "not readable"
+    return _retry(f"run: {reason}; the site is {known}: the adapter never started")
 
 
 def with_quarantine(verdict: Verdict, quarantine: str | None) -> Verdict:
-    """The verdict, also quarantining the bed for `quarantine` when it does not already."""
-    if quarantine is None or verdict.quarantine:
+    """The verdict, also quarantining the bed for `quarantine`; several reasons are all kept."""
+    if quarantine is None or quarantine == verdict.quarantine:
         return verdict
-    return Verdict(
-        verdict.action, verdict.reason, verdict.outcome, quarantine, verdict.agent_failed
-    )
+    both = quarantine if verdict.quarantine is None else f"{verdict.quarantine}; {quarantine}"
+    return replace(verdict, quarantine=both)
 
 
 def judge_verify_after(output: PhaseOutput) -> Verdict:
@@ -264,8 +316,10 @@ def judge_verify_after(output: PhaseOutput) -> Verdict:
             f"judging code changed: {_tampered_paths(output)}",
             quarantine="judging code changed during an attempt (APG_TAMPERED): reinstall trusted code",
         )
-    if output.exit_code != 0:
-        detail = _token_list(output, Effect.MISMATCH, "verify") or f"exit {output.exit_code}"
+    mismatch = _token_list(output, Effect.MISMATCH, "verify")
+    # A baseline mismatch after the run is TAMPERED even when the verifier exits 0 with it.
+    if output.exit_code != 0 or mismatch:
+        detail = mismatch or f"exit {output.exit_code}"
         return _final(Outcome.TAMPERED, f"verify after the run failed: {detail}")
     return CONTINUE
 
@@ -277,12 +331,27 @@ def _tampered_paths(output: PhaseOutput) -> str:
 
 
 def judge_grade(
-    output: PhaseOutput, *, grade: Grade | None, envelope_problem: str | None, agent_failed: bool
+    output: PhaseOutput,
+    *,
+    grade: Grade | None,
+    envelope_problem: str | None,
+    agent_failed: bool,
+    grader_mismatch: str | None = None,
 ) -> Verdict:
-    """The grade: a verdict, a skip, a refusal, or a grade that could not run."""
+    """The grade: a verdict, a skip, a refusal, or a grade that could not run.
+
+    `grader_mismatch` describes an envelope whose grader_tree_sha256 is not the escrowed one: the
+    code that graded is not the code that was verified, so the verdict is TAMPERED.
+    """
     verdict = _infrastructure("grade", output)
     if verdict:
         return verdict
+    if grader_mismatch:
+        return _final(
+            Outcome.TAMPERED,
+            f"the grader that graded is not the escrowed one: {grader_mismatch}",
+            quarantine=f"grader changed after verification ({grader_mismatch}): reinstall trusted code",
+        )
     found = effects(output, "grade")
     # Exit 3 is the skip; the token alone never overrides a verdict the grade did emit (exit 0).
     if output.exit_code == 3 or (Effect.SKIP in found and output.exit_code != 0):
@@ -328,3 +397,36 @@ def judge_escrow_check(output: PhaseOutput, *, changes: list[str] | None) -> Ver
         reason = f"escrow set changed since it was recorded: {shown}"
         return _retry(reason, quarantine=reason)
     return CONTINUE
+
+
+#: Exit code of the DDEV configuration hash when the project has no `.ddev` folder.
+DDEV_FOLDER_MISSING = 3
+
+
+def judge_ddev_check(output: PhaseOutput, *, changes: list[str] | None, after_run: bool) -> Verdict:
+    """The project's DDEV configuration against its fingerprint. Its hooks run on any `ddev` call,
+    so a change is judging code changed: before an attempt the bed is quarantined and the attempt
+    goes elsewhere; right after a run it is TAMPERED, checked before any other `ddev` command."""
+    verdict = _infrastructure("DDEV configuration check", output)
+    if verdict:
+        return verdict
+    if output.exit_code == DDEV_FOLDER_MISSING:
+        problem = ".ddev folder missing"
+    elif output.exit_code != 0 or changes is None:
+        problem = f"its files could not be hashed (exit {output.exit_code})"
+    elif changes:
+        shown = ", ".join(changes[:5]) + (
+            f" (+{len(changes) - 5} more)" if len(changes) > 5 else ""
+        )
+        problem = f"changed since it was recorded: {shown}"
+    else:
+        return CONTINUE
+    reason = f"DDEV configuration {problem}"
+    if after_run:
+        # Only the agent ran since the check before the attempt passed: whatever broke it did.
+        return _final(
+            Outcome.TAMPERED,
+            f"{reason} during the run",
+            quarantine=f"{reason} during an attempt: restore .ddev/ and `apg-farm bed escrow` it",
+        )
+    return _retry(reason, quarantine=f"{reason}: restore .ddev/ or `apg-farm bed escrow` it again")

@@ -25,7 +25,17 @@ from apg_farm.store import Attempt, Bed, BedEvent, Execution, Phase, Store, Swee
 DEFAULT_K = 5
 
 #: Phases in the order an execution runs them.
-PHASE_ORDER = ("verify_before", "reset", "run", "verify_after", "diff", "grade")
+PHASE_ORDER = (
+    "escrow_check",
+    "ddev_check",
+    "verify_before",
+    "reset",
+    "run",
+    "ddev_check_after",
+    "verify_after",
+    "diff",
+    "grade",
+)
 
 #: Outcomes whose envelope was read and accepted: these are the graded attempts.
 GRADED: frozenset[str] = frozenset({Outcome.PASSED, Outcome.FAILED, Outcome.NO_ATTEMPT})

@@ -258,6 +258,14 @@ def render_html(report: dict[str, Any]) -> str:
             + f'<td class="l"><code>{escape(text)}</code></td>'
         )
     warnings = "".join(f'<p class="bad">{escape(w)}</p>' for w in prov.get("warnings", []))
+    untrusted = ", ".join(report.get("untrusted_verifier", []))
+    untrusted_note = (
+        f'<p class="bad" id="untrusted-verifier">Untrusted verifier: attempts on {escape(untrusted)} '
+        "were verified by the agent-writable <code>ddev ai-eval-verify</code> (beds enrolled "
+        "with --untrusted-verifier), not by an escrowed verifier.</p>"
+        if untrusted
+        else ""
+    )
     excluded = sum(outcomes.get(o, 0) for o in ("INVALID", "ERROR", "SKIPPED"))
     title = f"apg-farm report: {sweep['name']}"
     return f"""<!DOCTYPE html>
@@ -269,6 +277,7 @@ def render_html(report: dict[str, Any]) -> str:
 <p class="muted">sweep id {sweep["id"]}, state {escape(str(sweep["state"]))}, {sweep["attempts"]} attempts,
 {len(report["cells"])} (task, model) cells. Rates count PASSED, FAILED, NO_ATTEMPT and TAMPERED;
 {excluded} INVALID, ERROR or SKIPPED attempts are outside every rate and shown beside it.</p>
+{untrusted_note}
 
 <h2>Pass rates</h2>
 <p>{legend}</p>

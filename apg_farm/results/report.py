@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Text, cast, select
+from sqlalchemy.orm import Session
 
 from apg_farm.contract import COUNTED, Outcome
 from apg_farm.errors import NotFound
 from apg_farm.results.stats import wilson
-from apg_farm.store import Attempt, Store, Sweep
+from apg_farm.store import Attempt, Bed, Execution, Phase, Store, Sweep
 
 #: Report columns per outcome, in the order users read them.
 CELL_COUNTS: dict[Outcome, str] = {
@@ -41,14 +42,31 @@ def find_sweep(store: Store, ref: str) -> Sweep:
         return sweep
 
 
+def untrusted_beds(session: Session, sweep_id: int) -> list[str]:
+    """Beds that verified executions of this sweep with `ddev ai-eval-verify`, which the agent can
+    rewrite, instead of an escrowed verifier: read from the phases themselves, so a bed escrowed
+    later does not whitewash what ran before."""
+    names = session.scalars(
+        select(Bed.name)
+        .distinct()
+        .join(Execution, Execution.bed_id == Bed.id)
+        .join(Attempt, Attempt.id == Execution.attempt_id)
+        .join(Phase, Phase.execution_id == Execution.id)
+        .where(Attempt.sweep_id == sweep_id, Phase.name == "verify_after")
+        .where(cast(Phase.argv, Text).contains('"ai-eval-verify"'))
+    )
+    return sorted(names)
+
+
 def sweep_report(store: Store, sweep: Sweep) -> dict[str, Any]:
-    """The report as one JSON-ready object: {"sweep", "outcomes", "cells"}."""
+    """The report as one JSON-ready object: {"sweep", "outcomes", "cells", "untrusted_verifier"}."""
     with store.read() as session:
         rows = session.execute(
             select(Attempt.task, Attempt.model, Attempt.state, Attempt.outcome).where(
                 Attempt.sweep_id == sweep.id
             )
         ).all()
+        untrusted = untrusted_beds(session, sweep.id)
     outcomes: Counter[str] = Counter()
     cells: dict[tuple[str, str], Counter[str]] = {}
     for task, model, state, outcome in rows:
@@ -87,4 +105,6 @@ def sweep_report(store: Store, sweep: Sweep) -> dict[str, Any]:
         },
         "outcomes": dict(sorted(outcomes.items())),
         "cells": out_cells,
+        # Beds whose verdicts rest on an agent-writable verifier (enrolled --untrusted-verifier).
+        "untrusted_verifier": untrusted,
     }

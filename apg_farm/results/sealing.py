@@ -3,13 +3,16 @@
 Artifacts are the sweep record, each attempt's record, each execution's run record and verbatim
 envelope, and each phase's record, stdout and stderr. Their names say where they are, e.g.
 `attempt[dv01_view_build|anthropic/claude-sonnet-5-5|3]/execution[1]/envelope`. The manifest's own
-sha256 is kept in `sweeps.seal_sha256`; a sealed sweep takes no new executions.
+sha256 is kept in `sweeps.seal_sha256`; a sealed sweep takes no new executions. What each record
+holds is in the `*_FIELDS` tuples; the columns left out, each with why, in `NOT_SEALED`. `verify`
+names every artifact missing, changed or added, and refuses a malformed manifest with a problem line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -64,9 +67,89 @@ def _record(value: dict[str, Any]) -> str:
     return _sha(text.encode("utf-8"))
 
 
+#: The columns each record holds, by table: a record is the JSON object of these columns, and the
+#: execution's record adds `bed`, the name of the bed it ran on (its `bed_id`). Each row's identity
+#: is in its artifact's name: an attempt's task, model and trial; an execution's number; a phase's
+#: position in its execution (its order by id) and name. An execution's envelope and a phase's
+#: stdout and stderr are artifacts of their own. Changing these tuples changes every manifest's
+#: digests: keep them in step with `NOT_SEALED`, `tests/test_seal_fields.py` and docs/analysis.md.
+SWEEP_FIELDS = ("name", "spec", "spec_sha256", "created_at")
+ATTEMPT_FIELDS = ("state", "outcome", "reason", "infra_failures", "finished_at")
+EXECUTION_FIELDS = (
+    "worker",
+    "started_at",
+    "finished_at",
+    "run_id",
+    "result",
+    "reason",
+    "score",
+    "max_score",
+    "envelope_sha256",
+    "bed_seconds",
+)
+PHASE_FIELDS = (
+    "argv",
+    "rc",
+    "exit_code",
+    "tokens",
+    "started_at",
+    "finished_at",
+    "duration",
+    "timed_out",
+    "transport_error",
+    "stdout_bytes",
+    "stdout_truncated",
+    "stderr_bytes",
+    "stderr_truncated",
+)
+
+#: Columns of the sealed tables left out on purpose: no verdict rests on them. Every other column
+#: is sealed, and `tests/test_seal_fields.py` fails when a column is in neither place.
+NOT_SEALED: dict[str, dict[str, str]] = {
+    "sweeps": {
+        "id": "a surrogate key; the manifest's `sweep.id` names the row verify reads",
+        "pool": "derived from the sealed spec's fixture set; which bed ran what is sealed per "
+        "execution",
+        "state": "whether it takes more work: a finished sweep may still be cancelled, and an "
+        "attempt a cancel cut short carries its own sealed CANCELLED outcome",
+        "cancelled_at": "as `state`",
+        "sealed_at": "written by the seal itself, after hashing",
+        "seal_sha256": "written by the seal itself: the manifest's sha256, checked by verify",
+        "meta": "written by the seal itself (the manifest's path); free-form notes",
+    },
+    "attempts": {
+        "id": "a surrogate key; an attempt is named by its task, model and trial",
+        "seq": "queue order: scheduling, not evidence",
+        "pool": "copied from the sweep at submit: routing",
+        "deliveries": "delivery bookkeeping; a poisoned attempt's ERROR outcome and reason are "
+        "sealed",
+        "excluded_beds": "routing of retries; every bed an attempt ran on is sealed per execution",
+        "bed_id": "lease bookkeeping: the bed holding a running attempt (cleared when done)",
+        "lease_expires_at": "lease bookkeeping",
+        "enqueued_at": "broker bookkeeping (distributed mode)",
+        "dispatches": "broker bookkeeping (distributed mode)",
+        "created_at": "when it was submitted: scheduling; its executions' times are sealed",
+    },
+    "executions": {
+        "id": "a surrogate key; an execution is named by its attempt and number",
+    },
+    "phases": {
+        "id": "a surrogate key; only its order counts, sealed as the phase's position in its name",
+    },
+}
+
+#: Tables that are not a sweep's evidence. A bed row is the pool's current state, shared by every
+#: sweep and changed by enrolment, escrow and quarantine; what an execution ran on is sealed as its
+#: bed's name, and what a bed command saw is in its phase's record and output.
+NOT_SEALED_TABLES: dict[str, str] = {
+    "beds": "the pool's current state, shared by all sweeps; each execution's bed name is sealed",
+    "bed_events": "the beds' history, not a sweep's",
+}
+
+
 def artifacts(store: Store, sweep_id: int) -> dict[str, str]:
     """Every stored artifact of the sweep, by name, with its sha256."""
-    with store.session() as session:
+    with store.read() as session:
         return session_artifacts(session, sweep_id)
 
 
@@ -74,34 +157,18 @@ def session_artifacts(session: Session, sweep_id: int) -> dict[str, str]:
     """`artifacts`, read in the caller's transaction (the seal holds the sweep row meanwhile)."""
     out: dict[str, str] = {}
     sweep = session.get_one(Sweep, sweep_id)
-    out["sweep"] = _record(
-        {
-            "name": sweep.name,
-            "spec": sweep.spec,
-            "spec_sha256": sweep.spec_sha256,
-            "created_at": sweep.created_at,
-        }
-    )
-    attempts = {
-        a.id: a for a in session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).all()
-    }
+    out["sweep"] = _record({f: getattr(sweep, f) for f in SWEEP_FIELDS})
+    attempts = session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).all()
     names = {}
-    for attempt in attempts.values():
+    for attempt in attempts:
         name = f"attempt[{attempt.task}|{attempt.model}|{attempt.trial}]"
         names[attempt.id] = name
-        out[name] = _record(
-            {
-                "state": attempt.state,
-                "outcome": attempt.outcome,
-                "reason": attempt.reason,
-                "infra_failures": attempt.infra_failures,
-                "finished_at": attempt.finished_at,
-            }
-        )
+        out[name] = _record({f: getattr(attempt, f) for f in ATTEMPT_FIELDS})
     executions = session.execute(
         select(Execution, Bed.name)
         .join(Attempt, Attempt.id == Execution.attempt_id)
-        .join(Bed, Bed.id == Execution.bed_id)
+        # Outer: an execution whose bed row went away is sealed with `bed` null, not dropped.
+        .outerjoin(Bed, Bed.id == Execution.bed_id)
         .where(Attempt.sweep_id == sweep_id)
         # Streamed: a big sweep holds gigabytes of envelopes and outputs, hashed one at a time.
         .execution_options(yield_per=_BATCH)
@@ -110,21 +177,7 @@ def session_artifacts(session: Session, sweep_id: int) -> dict[str, str]:
     for execution, bed in executions:
         name = f"{names[execution.attempt_id]}/execution[{execution.number}]"
         exec_names[execution.id] = name
-        out[name] = _record(
-            {
-                "bed": bed,
-                "worker": execution.worker,
-                "started_at": execution.started_at,
-                "finished_at": execution.finished_at,
-                "run_id": execution.run_id,
-                "result": execution.result,
-                "reason": execution.reason,
-                "score": execution.score,
-                "max_score": execution.max_score,
-                "envelope_sha256": execution.envelope_sha256,
-                "bed_seconds": execution.bed_seconds,
-            }
-        )
+        out[name] = _record({"bed": bed, **{f: getattr(execution, f) for f in EXECUTION_FIELDS}})
         if execution.envelope is not None:
             out[f"{name}/envelope"] = _sha(bytes(execution.envelope))
     phases = session.scalars(
@@ -141,23 +194,7 @@ def session_artifacts(session: Session, sweep_id: int) -> dict[str, str]:
         name = (
             f"{exec_names[phase.execution_id]}/phase[{position[phase.execution_id]}:{phase.name}]"
         )
-        out[name] = _record(
-            {
-                "argv": phase.argv,
-                "rc": phase.rc,
-                "exit_code": phase.exit_code,
-                "tokens": phase.tokens,
-                "started_at": phase.started_at,
-                "finished_at": phase.finished_at,
-                "duration": phase.duration,
-                "timed_out": phase.timed_out,
-                "transport_error": phase.transport_error,
-                "stdout_bytes": phase.stdout_bytes,
-                "stdout_truncated": phase.stdout_truncated,
-                "stderr_bytes": phase.stderr_bytes,
-                "stderr_truncated": phase.stderr_truncated,
-            }
-        )
+        out[name] = _record({f: getattr(phase, f) for f in PHASE_FIELDS})
         out[f"{name}/stdout"] = _sha(phase.stdout.encode("utf-8"))
         out[f"{name}/stderr"] = _sha(phase.stderr.encode("utf-8"))
     return dict(sorted(out.items()))
@@ -255,16 +292,127 @@ class Verification:
         ]
 
 
+#: How many malformed artifact entries a manifest problem lists before it counts the rest.
+_SHOWN = 10
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class _Duplicate(ValueError):
+    """A JSON object gives one name twice: `json` would silently keep the last value."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Duplicate(f"the name {key!r} is given twice in one object")
+        seen[key] = value
+    return seen
+
+
+def _shown(value: object) -> str:
+    """A value from a manifest, for a problem line: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:72]}... ({len(text)} characters)"
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, in JSON's words, for a problem line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def check_manifest(doc: object, sweep_id: int) -> tuple[dict[str, str] | None, list[str]]:
+    """The artifacts a parsed manifest lists, and what is wrong with it (each a short phrase).
+
+    The artifacts are None when they cannot be compared: the document is not a seal manifest of
+    this format, or an entry is not a name with a sha256. A `root_sha256`, `artifact_count` or
+    `sweep` that does not match is a problem, and the artifacts are still compared.
+    """
+    if not isinstance(doc, dict):
+        return None, [f"it holds {_kind(doc)}, not a JSON object"]
+    if "format" not in doc:
+        return None, [f"it has no `format` (expected {FORMAT!r})"]
+    if doc["format"] != FORMAT:
+        return None, [f"its `format` is {_shown(doc['format'])}, expected {FORMAT!r}"]
+    problems: list[str] = []
+    if "algorithm" not in doc:
+        problems.append("it has no `algorithm` (expected 'sha256')")
+    elif doc["algorithm"] != "sha256":
+        problems.append(f"its `algorithm` is {_shown(doc['algorithm'])}, expected 'sha256'")
+    header = doc.get("sweep")
+    if not isinstance(header, dict) or "id" not in header:
+        problems.append("it has no `sweep` object with the sweep's `id`")
+    elif type(header["id"]) is not int or header["id"] != sweep_id:
+        problems.append(
+            f"it is the manifest of sweep id {_shown(header['id'])} "
+            f"({_shown(header.get('name'))}), not of sweep id {sweep_id}"
+        )
+    if "artifacts" not in doc:
+        return None, [*problems, "it has no `artifacts`"]
+    listed = doc["artifacts"]
+    if not isinstance(listed, dict):
+        return None, [*problems, f"its `artifacts` is {_kind(listed)}, not an object"]
+    bad: list[str] = []
+    for name, sha in listed.items():
+        if not isinstance(name, str) or not name or not name.isprintable():
+            bad.append(f"the artifact name {_shown(name)} is not a printable, non-empty string")
+        elif not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            bad.append(f"artifact {name} has {_shown(sha)}, not a sha256 (64 lowercase hex digits)")
+    if bad:
+        more = [f"and {len(bad) - _SHOWN} more malformed artifacts"] if len(bad) > _SHOWN else []
+        return None, [*problems, *bad[:_SHOWN], *more]
+    count = doc.get("artifact_count")
+    if "artifact_count" not in doc:
+        problems.append("it has no `artifact_count`")
+    elif not isinstance(count, int) or isinstance(count, bool):
+        problems.append(f"its `artifact_count` is {_kind(count)}, not a whole number")
+    elif count != len(listed):
+        problems.append(f"its `artifact_count` is {count} but it lists {len(listed)} artifacts")
+    root = doc.get("root_sha256")
+    if "root_sha256" not in doc:
+        problems.append("it has no `root_sha256`")
+    elif not isinstance(root, str):
+        problems.append(f"its `root_sha256` is {_kind(root)}, not a string")
+    elif root != _root(listed):
+        problems.append(
+            f"its `root_sha256` {root} does not match the artifacts it lists ({_root(listed)})"
+        )
+    return dict(listed), problems
+
+
 def verify_seal(store: Store, sweep: Sweep, *, manifest: Path | None = None) -> Verification:
-    """Recompute every artifact's sha256 and compare with the sealed manifest."""
+    """Recompute every artifact's sha256 and compare with the sealed manifest.
+
+    Never raises on a bad manifest or a damaged record: each is a `problems` line naming the
+    manifest's path, or the sweep, and what is wrong.
+    """
     if sweep.sealed_at is None or sweep.seal_sha256 is None:
         raise BadInput(
             f"sweep {sweep.name!r} is not sealed", fix=f"seal it first: apg-farm seal {sweep.name}"
         )
-    recorded = (sweep.meta or {}).get("seal", {}).get("path")
-    path = manifest or (Path(recorded) if recorded else None)
+    noted = sweep.meta.get("seal") if isinstance(sweep.meta, dict) else None
+    recorded = noted.get("path") if isinstance(noted, dict) else None
+    path = manifest or (Path(recorded) if isinstance(recorded, str) and recorded else None)
     result = Verification(path)
-    current = artifacts(store, sweep.id)
+    try:
+        current = artifacts(store, sweep.id)
+    except (ValueError, TypeError) as error:
+        # A column rewritten to something its type cannot read (say, text that is not JSON).
+        result.problems.append(
+            f"sweep {sweep.name!r}: a stored record cannot be read, so it changed since sealing "
+            f"or the store is damaged: {error}"
+        )
+        return result
     result.checked = len(current)
     if path is None:
         result.problems.append("the store does not say where the manifest is; pass --manifest")
@@ -280,11 +428,17 @@ def verify_seal(store: Store, sweep: Sweep, *, manifest: Path | None = None) -> 
             f"{sweep.seal_sha256}"
         )
     try:
-        sealed = json.loads(data)["artifacts"]
-        if not isinstance(sealed, dict):
-            raise TypeError("artifacts is not an object")
-    except (ValueError, KeyError, TypeError) as error:
-        result.problems.append(f"manifest {path} is not a seal manifest: {error}")
+        doc = json.loads(data, object_pairs_hook=_no_duplicates)
+    except _Duplicate as error:
+        result.problems.append(f"manifest {path} is malformed: {error}")
+        return result
+    except (ValueError, RecursionError) as error:
+        # UnicodeDecodeError and JSONDecodeError are ValueErrors; a deep nest is a RecursionError.
+        result.problems.append(f"manifest {path} is malformed: it is not JSON: {error}")
+        return result
+    sealed, problems = check_manifest(doc, sweep.id)
+    result.problems += [f"manifest {path} is malformed: {p}" for p in problems]
+    if sealed is None:
         return result
     result.missing = sorted(set(sealed) - set(current))
     result.added = sorted(set(current) - set(sealed))

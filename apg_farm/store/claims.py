@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import Outcome
+from apg_farm.contract import UNESCROWED, UNFINGERPRINTED, Outcome
 from apg_farm.defaults import EXTRA_DELIVERIES, MAX_CONSECUTIVE_INFRA_ERRORS
 from apg_farm.specs import SweepSpec
 from apg_farm.store.db import Store, rowcount
@@ -87,6 +87,12 @@ def claim_next(
             return None
         if _busy(session, bed_id):
             return None
+        if refusal := _unattended_refusal(bed):
+            # No unattended attempt on a bed whose verifier the agent could rewrite.
+            bed.state = BedState.QUARANTINED
+            bed.state_reason = refusal
+            session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=refusal))
+            return None
         query = (
             select(Attempt, Sweep)
             .join(Sweep, Sweep.id == Attempt.sweep_id)
@@ -157,6 +163,15 @@ def claim_next(
                 trial=attempt.trial,
                 spec=spec,
             )
+    return None
+
+
+def _unattended_refusal(bed: Bed) -> str | None:
+    """Why this bed may not run an attempt unattended, or None."""
+    if not bed.escrow_set and not bed.untrusted_verifier:
+        return UNESCROWED
+    if (bed.escrow_set and not bed.escrow_files) or bed.ddev_files is None:
+        return UNFINGERPRINTED
     return None
 
 

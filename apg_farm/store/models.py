@@ -122,6 +122,15 @@ class Bed(Base):
     #: sha256 of every file of the escrow set when it was recorded: a changed set quarantines the bed.
     escrow_files: Mapped[dict[str, str] | None] = mapped_column(JSONText)
     escrow_recorded_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: sha256 of the project's DDEV configuration (`.ddev/config*.yaml`, `.env*`,
+    #: `docker-compose.*.yaml`) when enrolled or escrowed: hooks there run on any `ddev` call, and
+    #: APG's verifier does not cover them, so the farm checks them before and right after each run.
+    ddev_files: Mapped[dict[str, str] | None] = mapped_column(JSONText)
+    #: The grader tree's sha256 the escrow set holds; a grade envelope naming another is TAMPERED.
+    grader_tree_sha256: Mapped[str | None] = mapped_column(String(64))
+    #: Enrolled with `--untrusted-verifier`: attempts run with no escrow set (the agent-writable
+    #: `ddev ai-eval-verify`), and reports say so. Without it, a bed without escrow takes no attempt.
+    untrusted_verifier: Mapped[bool] = mapped_column(Boolean, default=False)
     env: Mapped[dict[str, str]] = mapped_column(JSONText, default=dict)
     ssh_user: Mapped[str | None] = mapped_column(String(100))
     ssh_port: Mapped[int | None] = mapped_column(Integer)

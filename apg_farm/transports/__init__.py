@@ -12,8 +12,16 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from apg_farm.errors import BadInput
-from apg_farm.transports.base import Captured, CommandResult, Transport
+from apg_farm.transports.base import (
+    LIST_LIMIT,
+    Captured,
+    CommandResult,
+    Listing,
+    ListingFailed,
+    Transport,
+)
 from apg_farm.transports.local import LocalTransport
+from apg_farm.transports.token_lines import ANSI_ESCAPE, TOKEN_LINE
 
 if TYPE_CHECKING:
     from apg_farm.transports.ssh import (
@@ -101,11 +109,16 @@ def host_environment(transport: Transport) -> Mapping[str, str] | None:
 
 
 __all__ = [
+    "ANSI_ESCAPE",
+    "LIST_LIMIT",
+    "TOKEN_LINE",
     "BedAddress",
     "Captured",
     "CommandResult",
     "HostKeyChanged",
     "HostKeyUnknown",
+    "Listing",
+    "ListingFailed",
     "LocalTransport",
     "RefuseUnknownHost",
     "SshTarget",

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from apg_farm.errors import FarmError
+
+#: Entry names a directory listing returns at most, unless told otherwise: an agent can create
+#: any number of folders under runs/, and the farm must not read them all.
+LIST_LIMIT = 100_000
 
 
 @dataclass(frozen=True)
 class Captured:
-    """One output stream of a command, bounded: the head and tail kept, the middle counted."""
+    """One output stream of a command, bounded: the head and the tail kept, the middle counted,
+    and the `APG_*` token lines of the middle kept apart."""
 
     #: Bytes kept: the whole stream when it fit, else head + tail around a marker line.
     data: bytes
@@ -17,10 +24,34 @@ class Captured:
     total: int
     #: True when `data` is not the whole stream.
     truncated: bool
+    #: Token lines (the contract's rule) that the kept head and tail do not hold whole: lines of
+    #: the omitted middle and the lines cut by it, in stream order, each at most 4 KiB, bounded.
+    token_lines: tuple[str, ...] = ()
+    #: Token lines of the omitted middle beyond that bound: in neither `data` nor `token_lines`.
+    token_lines_dropped: int = 0
+    #: When truncated: how many leading bytes of `data` are whole lines of the head, and how many
+    #: trailing bytes whole lines of the tail. None: unknown, `data` is read as it is.
+    head_whole: int | None = None
+    tail_whole: int | None = None
 
     def text(self) -> str:
         """Decoded for parsing and storage: invalid UTF-8 replaced, NUL removed (PostgreSQL refuses it)."""
-        return self.data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        return _decode(self.data)
+
+    def token_text(self) -> str:
+        """The text token parsing reads, in stream order: the head's whole lines, the token lines
+        kept from the omitted middle, the tail's whole lines. A line cut by the omission is read
+        once, whole, from `token_lines`, never as a fragment that could read as another token."""
+        if not self.truncated or self.head_whole is None or self.tail_whole is None:
+            return self.text()
+        head = self.data[: self.head_whole]
+        tail = self.data[len(self.data) - self.tail_whole :] if self.tail_whole else b""
+        middle = "".join(f"{line}\n" for line in self.token_lines)
+        return _decode(head) + middle + _decode(tail)
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
 @dataclass(frozen=True)
@@ -38,6 +69,29 @@ class CommandResult:
     timed_out: bool = False
     #: Set when the transport itself failed (cannot spawn, link dropped): an infrastructure failure.
     transport_error: str | None = None
+
+
+class Listing(list[str]):
+    """Entry names of a directory, sorted. A list, so `set(listing)` and `listing or []` work.
+
+    `truncated` is True when the directory held more entries than the listing's limit: then the
+    names are an arbitrary `limit` of them (the directory's own order decides which), sorted.
+    """
+
+    def __init__(self, names: Iterable[str] = (), *, truncated: bool = False) -> None:
+        super().__init__(sorted(names))
+        self.truncated = truncated
+
+
+class ListingFailed(FarmError):
+    """A directory exists (or cannot be told not to) but could not be listed: not a directory, no
+    permission, a symlink to nothing on the way, the link to the host lost, a timeout. An
+    infrastructure failure, never to be read as an empty directory."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot list {path}: {reason}")
 
 
 class Transport(Protocol):
@@ -58,6 +112,9 @@ class Transport(Protocol):
         """The file's bytes (at most `limit`), or None when it does not exist or is not readable."""
         ...
 
-    def list_dir(self, path: str) -> list[str] | None:
-        """Entry names of a directory, or None when it does not exist."""
+    def list_dir(self, path: str, *, limit: int = LIST_LIMIT) -> Listing | None:
+        """Entry names of a directory (at most `limit`), or None only when it does not exist.
+
+        Raises ListingFailed when it exists but cannot be listed, or the host cannot be asked.
+        """
         ...

@@ -12,7 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from apg_farm.transports.base import Captured, CommandResult
+from apg_farm.transports.base import LIST_LIMIT, Captured, CommandResult, Listing, ListingFailed
 from apg_farm.transports.capture import BoundedCapture
 
 #: Seconds a stopped process group gets between SIGTERM and SIGKILL.
@@ -69,7 +69,9 @@ class LocalTransport:
         except ValueError as exc:  # an embedded NUL in argv or env
             return _not_started(argv_t, f"cannot run {argv_t[0]!r}: {exc}", started)
 
-        child = _Child(proc, BoundedCapture(stdout_limit), BoundedCapture(stderr_limit))
+        # Only stderr carries the contract's tokens: its capture keeps those of the omitted middle.
+        out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)
+        child = _Child(proc, out, err)
         try:
             timed_out = self._supervise(child, deadline=started + max(timeout, 0.0))
             error = child.reap(self._term_grace)
@@ -138,12 +140,40 @@ class LocalTransport:
         finally:
             os.close(fd)
 
-    def list_dir(self, path: str) -> list[str] | None:
-        """Sorted entry names of a directory; None when missing, unreadable or not a directory."""
+    def list_dir(self, path: str, *, limit: int = LIST_LIMIT) -> Listing | None:
+        """Sorted entry names of a directory, at most `limit` (then `truncated`); None only when
+        it does not exist. Raises ListingFailed when it cannot be listed: an agent can make its
+        runs/ folder a file or a dangling symlink, and that must not read as "no new run"."""
+        names: list[str] = []
         try:
-            return sorted(os.listdir(path))
-        except OSError:
-            return None
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if len(names) >= limit:
+                        return Listing(names, truncated=True)
+                    names.append(entry.name)
+        except FileNotFoundError:
+            problem = _unreachable(path)
+            if problem is None:
+                return None
+            raise ListingFailed(path, problem) from None
+        except OSError as error:
+            raise ListingFailed(path, error.strerror or str(error)) from None
+        return Listing(names)
+
+
+def _unreachable(path: str) -> str | None:
+    """Why `path`, found missing, cannot be listed; None when it simply does not exist (the first
+    missing name on the way is absent from a directory, not a symlink to nothing)."""
+    current = "/" if path.startswith("/") else "."
+    for part in (p for p in path.split("/") if p):
+        current = os.path.join(current, part)
+        try:
+            os.stat(current)
+        except FileNotFoundError:
+            return f"{current} is a symlink to nothing" if os.path.islink(current) else None
+        except OSError as error:
+            return f"{current}: {error.strerror or error}"
+    return None
 
 
 class _Child:

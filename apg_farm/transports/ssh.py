@@ -32,7 +32,7 @@ from typing import Protocol
 import paramiko
 
 from apg_farm.errors import BadInput, FarmError
-from apg_farm.transports.base import Captured, CommandResult
+from apg_farm.transports.base import LIST_LIMIT, Captured, CommandResult, Listing, ListingFailed
 from apg_farm.transports.capture import BoundedCapture
 
 #: Seconds the remote `timeout` waits after SIGTERM before it sends SIGKILL.
@@ -54,6 +54,27 @@ _READ_SIZE = 1 << 16
 _TICK = 0.05
 #: Chunks read per stream before the deadline is looked at again (a bed can print very fast).
 _CHUNKS_PER_TURN = 64
+#: Exit status of _LIST_SCRIPT when the directory does not exist.
+_LIST_MISSING = 3
+#: Lists one directory, at most {count} names (NUL-separated), with find's own status; when the
+#: path is not a directory, tells a missing one (exit 3) from one that cannot be reached (exit 4,
+#: why on stderr): the first missing name on the way decides, walking from the root.
+_LIST_SCRIPT = (
+    "p={path}; "
+    'if [ -d "$p" ]; then '
+    "exec 3>&1; "
+    "s=$( {{ {{ find -H \"$p\" -mindepth 1 -maxdepth 1 -printf '%f\\0' 3>&- 4>&-; echo $? >&4; }} "
+    '| head -z -n {count} >&3; }} 4>&1 ); exit "$s"; fi; '
+    'if [ -L "$p" ] && [ ! -e "$p" ]; then echo "$p is a symlink to nothing" >&2; exit 4; fi; '
+    'if [ -e "$p" ]; then echo "$p is not a directory" >&2; exit 4; fi; '
+    "IFS=/; set -f; c=; "
+    'for n in $p; do [ -n "$n" ] || continue; up=${{c:-/}}; c=$c/$n; '
+    'if [ ! -e "$c" ]; then '
+    'if [ -L "$c" ]; then echo "$c is a symlink to nothing" >&2; exit 4; fi; '
+    'if [ ! -d "$up" ]; then echo "$up is not a directory" >&2; exit 4; fi; '
+    'if [ ! -x "$up" ]; then echo "$up: permission denied" >&2; exit 4; fi; '
+    "exit 3; fi; done; exit 3"
+)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}")
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
@@ -460,7 +481,8 @@ class SshTransport:
             return _not_started(
                 argv, f"SSH to {self.target.label} failed: {_describe(error)}", started
             )
-        out, err = BoundedCapture(stdout_limit), BoundedCapture(stderr_limit)
+        # Only stderr carries the contract's tokens: its capture keeps those of the omitted middle.
+        out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)
         deadline = started + max(timeout, 0.0) + self.kill_after + DEADLINE_SLACK
         try:
             ending = self._pump(channel, out, err, deadline)
@@ -555,18 +577,32 @@ class SshTransport:
             return None
         return result.stdout.data
 
-    def list_dir(self, path: str) -> list[str] | None:
-        """Sorted entry names of a directory on the host; None when missing or unreadable."""
+    def list_dir(self, path: str, *, limit: int = LIST_LIMIT) -> Listing | None:
+        """Sorted entry names of a directory on the host, at most `limit` (then `truncated`);
+        None only when it does not exist. Raises ListingFailed when it cannot be listed (not a
+        directory, no permission, a symlink to nothing on the way, the link lost, a timeout)."""
         if not path.startswith("/") or "\x00" in path:
+            raise ListingFailed(path, "not an absolute path")
+        limit = max(limit, 0)
+        command = _LIST_SCRIPT.format(path=shlex.quote(path), count=limit + 1)
+        # A name is at most 255 bytes and its NUL: the whole listing fits, never cut in the middle.
+        result = self._helper(("list_dir", path), command, (limit + 1) * 256)
+        if result.transport_error:
+            raise ListingFailed(path, result.transport_error)
+        if result.timed_out or result.rc in (124, 128 + 9):
+            raise ListingFailed(path, f"no listing within {int(HELPER_TIMEOUT)} s")
+        if result.rc == _LIST_MISSING:
             return None
-        quoted = shlex.quote(path)
-        command = (
-            f"test -d {quoted} && exec find -H {quoted} -mindepth 1 -maxdepth 1 -printf '%f\\0'"
-        )
-        result = self._helper(("list_dir", path), command, 8 << 20)
-        if result.rc != 0 or result.transport_error or result.stdout.truncated:
-            return None
-        return sorted(os.fsdecode(name) for name in result.stdout.data.split(b"\0") if name)
+        said = result.stderr.text().strip()[:300]
+        if result.stdout.truncated:
+            raise ListingFailed(path, "the listing was longer than its names can be")
+        names = [os.fsdecode(name) for name in result.stdout.data.split(b"\0") if name]
+        if len(names) > limit:
+            # head stopped reading after limit + 1 names; find's status (SIGPIPE) says nothing.
+            return Listing(names[:limit], truncated=True)
+        if result.rc != 0:
+            raise ListingFailed(path, said or f"the listing exited {result.rc}")
+        return Listing(names)
 
     def host_environment(self) -> Mapping[str, str]:
         """The host's own login environment (PATH, HOME, ...): bed commands take their allow-listed

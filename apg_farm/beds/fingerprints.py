@@ -1,0 +1,79 @@
+"""Judging code that APG's verifier does not cover: the project's DDEV configuration, and the
+grader hash an escrow set holds.
+
+DDEV runs the hooks of `.ddev/config*.yaml` around its commands, reads `.ddev/.env*` into the
+containers and merges `.ddev/docker-compose.*.yaml` into the project: an agent that writes there
+during its run changes what the very next `ddev` call does, the grade included. The farm records
+the sha256 of these files when a bed is enrolled or escrowed and checks them before each attempt
+and right after the run, before any other `ddev` command.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from apg_farm.beds.hashes import NOT_A_FILE, hash_now
+from apg_farm.contract import DDEV_FOLDER_MISSING
+from apg_farm.store import Bed, BedEvent, Store
+from apg_farm.transports import Transport, transport_in_use
+
+#: Seconds the hash may take (a handful of small files).
+HASH_TIMEOUT = 60.0
+
+# POSIX sh + find + sha256sum, one level of .ddev only: the files DDEV reads as configuration.
+# Anything there that is not a regular file (a symlink, a FIFO) is listed as such, never followed.
+DDEV_CONFIG_SCRIPT = (
+    'cd -- "$1/.ddev" 2>/dev/null || { echo "no .ddev folder in $1" >&2; exit '
+    f"{DDEV_FOLDER_MISSING}; }}\n"
+    "set -- '(' -name 'config*.yaml' -o -name 'config*.yml' -o -name '.env*' "
+    "-o -name 'docker-compose.*.yaml' -o -name 'docker-compose.*.yml' ')'\n"
+    "find . -maxdepth 1 \"$@\" ! -type d ! -type f -exec printf 'not-a-file  %s\\n' {} + "
+    '&& find . -maxdepth 1 "$@" -type f -exec sha256sum -- {} +\n'
+)
+
+#: An escrow set's copy of the grader fingerprint (APG: `grader.<set>.sha256`).
+_GRADER_FILE = re.compile(r"(?:^|/)grader\.[^/]+\.sha256$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def ddev_config_argv(approot: str) -> tuple[str, ...]:
+    """The one command that hashes the project's DDEV configuration on the bed's host (no ddev)."""
+    return ("/bin/sh", "-c", DDEV_CONFIG_SCRIPT, "apg-farm-ddev-hash", approot)
+
+
+def hash_ddev_config(bed: Bed, *, transport: Transport) -> dict[str, str]:
+    """The DDEV configuration's files and their sha256 now; raises FarmError when that fails."""
+    return hash_now(
+        bed,
+        ddev_config_argv(bed.approot),
+        transport=transport,
+        timeout=HASH_TIMEOUT,
+        what="the DDEV configuration",
+    )
+
+
+def grader_hash(
+    escrow_set: str, escrow_files: Mapping[str, str], *, transport: Transport
+) -> str | None:
+    """The grader tree sha256 the escrow set records, or None when it holds no single such value."""
+    found = set()
+    for name, digest in escrow_files.items():
+        if digest == NOT_A_FILE or not _GRADER_FILE.search(name):
+            continue
+        data = transport.read_file(f"{escrow_set}/{name}", limit=4096)
+        words = (data or b"").decode("ascii", "replace").split()
+        if words and _SHA256.fullmatch(words[0]):
+            found.add(words[0])
+    # Several sets' fingerprints that disagree tell nothing about the one that grades: no check.
+    return found.pop() if len(found) == 1 else None
+
+
+def record_ddev_config(store: Store, bed: Bed, *, transport: Transport | None = None) -> None:
+    """Fingerprint the DDEV configuration of a bed enrolled without an escrow set."""
+    with transport_in_use(bed, transport) as used:
+        files = hash_ddev_config(bed, transport=used)
+    with store.session() as session:
+        row = session.get_one(Bed, bed.id, with_for_update=True)
+        row.ddev_files = files
+        session.add(BedEvent(bed_id=row.id, kind="ddev-config", detail=f"{len(files)} files"))
