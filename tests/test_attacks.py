@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
-from apg_farm.cli.attacks import CATALOGUE, Attack, attacks_table, run_attack
-from apg_farm.store import Store
+from apg_farm.cli.attacks import CATALOGUE, MODEL, Attack, attacks_table, run_attack
+from apg_farm.store import Execution, Store
 from tests.test_cli import farm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +34,20 @@ def test_every_attack_ends_as_catalogued(
     recorded = run_attack(sqlite_store, tmp_path, attack)
     assert recorded.outcome == attack.outcome, recorded
     assert recorded.as_catalogued, recorded
+
+
+def test_a_decoy_naming_another_model_is_not_graded(sqlite_store: Store, tmp_path: Path) -> None:
+    """Among the run folders naming the task, the graded run is the one naming the attempt's
+    model, not the decoy the agent printed last."""
+    [decoy] = [a for a in CATALOGUE if a.key == "decoy_run"]
+    run_attack(sqlite_store, tmp_path, decoy)
+    with sqlite_store.session() as session:
+        run_id = session.scalars(select(Execution.run_id)).one()
+    assert run_id is not None
+    runs = tmp_path / "beds" / "attack-decoy-run" / ".ai-proving-ground" / "runs"
+    record = json.loads((runs / run_id / "run.json").read_text())
+    assert record["model"] == MODEL
+    assert len(list(runs.iterdir())) == 2  # the decoy is there, and was not taken
 
 
 def _page_rows() -> dict[str, tuple[str, str]]:

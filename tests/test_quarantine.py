@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 from apg_farm.beds import NewBed, add_bed, get_bed, run_escrow, run_provision
 from apg_farm.contract import UNESCROWED, Outcome
 from apg_farm.results import find_sweep, sweep_report
-from apg_farm.store import Attempt, Bed, BedState, Store, Sweep, SweepState
+from apg_farm.store import Attempt, Bed, BedState, Execution, Phase, Store, Sweep, SweepState
 from apg_farm.transports import CommandResult, LocalTransport
 from fixtures import simbed
 from scheduler import submit
@@ -152,7 +152,35 @@ def test_no_unattended_attempt_on_a_bed_without_escrow(sqlite_store: Store, tmp_
     assert bed.state == BedState.QUARANTINED and bed.state_reason == UNESCROWED
     with store.session() as session:
         attempt = session.scalars(select(Attempt)).one()
-    assert attempt.state == "queued" and result is not None
+        tries = session.scalars(select(Execution)).all()
+    # Refused at the claim: nothing ran there, and the attempt did not spend a try.
+    assert attempt.state == "queued" and attempt.infra_failures == 0 and tries == []
+    assert result.stranded == 1
+
+
+def test_the_engine_refuses_a_bed_that_lost_its_escrow_mid_claim(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """A bed whose escrow set was dropped between the claim and the attempt (another farm process
+    re-enrolled it): the engine runs nothing on it and quarantines it."""
+    store = sqlite_store
+    [bed] = make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    engine = AttemptEngine(store, bed.name, worker="w")
+    original = engine._run
+
+    def drop_escrow_then_run(claim: Any) -> AttemptReport:
+        _set(store, Bed, escrow_set=None)()
+        return original(claim)
+
+    engine._run = drop_escrow_then_run  # type: ignore[method-assign]
+    report = engine.run_next(sweep_id=sweep_id)
+    assert report is not None and report.verdict.action == "retry"
+    with store.session() as session:
+        phases = session.scalars(select(Phase)).all()
+    assert phases == []
+    bed = get_bed(store, bed.name)
+    assert bed.state == BedState.QUARANTINED and bed.state_reason == UNESCROWED
 
 
 def test_an_untrusted_verifier_runs_and_the_report_says_so(
