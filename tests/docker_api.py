@@ -3,7 +3,8 @@
 Written from the API's documented shapes (docs.docker.com/reference/api/engine: `GET /_ping`,
 `GET /version`, `GET /containers/json` with `all` and `filters`, `GET /containers/{id}/json`
 returning ContainerInspectResponse with `Mounts` (MountPoint), `Config.Env`, `Config.Labels` and
-`HostConfig`). It has not been compared with a real engine on this machine (there is none here).
+`HostConfig`). Kept for the unit tests (fast, and over SSH through a `dial-stdio` stand-in);
+the same check against a real Docker engine is tests/test_mounts_engine.py.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ def remote_beds(
                 identity=str(host.identity),
                 known_hosts=str(host.known_hosts),
                 env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
+                host_only=True,  # the simulated bed in its host mode: no web container
             ),
         )
         bed = get_bed(store, name)

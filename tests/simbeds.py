@@ -23,6 +23,7 @@ def make_beds(
     faults: dict[int, dict[str, Any]] | None = None,
     config: dict[str, Any] | None = None,
     prefix: str = "bed",
+    image: str | None = None,
 ) -> list[Bed]:
     """`count` simulated beds: created, provisioned, escrowed outside the project, enrolled."""
     ddev = simbed.install_ddev(root / "bin")
@@ -34,6 +35,7 @@ def make_beds(
             name,
             ddev=ddev,
             config={"time_scale": TEST_TIME_SCALE, "seed": 11, **(config or {})},
+            image=image,
         )
         with store.session() as session:
             session.add(row)

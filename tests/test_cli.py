@@ -178,6 +178,7 @@ def test_readme_real_bed_flow(tmp_path: Path) -> None:
             "kb_docs,canvas_home",
             "--escrow-set",
             escrow_set,
+            "--host-only",  # the simulated bed in its host mode: no web container
         )
     doctor = json.loads(farm(home, "bed", "doctor", "bed-1").stdout)
     assert doctor["healthy"] is True

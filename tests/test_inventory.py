@@ -160,7 +160,8 @@ def test_removing_a_busy_bed_drains_it_first(store: Store, tmp_path: Path) -> No
         *_local_beds(tmp_path / "slow", ["busy"], time_scale=300),
         *_local_beds(tmp_path / "fast", ["idle"]),
     ]
-    path = write(tmp_path / "beds.yaml", {"beds": entries})
+    # Simulated beds in their host mode: no web container.
+    path = write(tmp_path / "beds.yaml", {"defaults": {"host_only": True}, "beds": entries})
     apply_inventory(store, load_inventory(path))
     sweep_id = submit(store, spec("drain", tasks=1, models=1, trials=3)).sweep_id
     engine = AttemptEngine(store, "busy", worker="w")
@@ -173,7 +174,8 @@ def test_removing_a_busy_bed_drains_it_first(store: Store, tmp_path: Path) -> No
                 break
         time.sleep(0.02)
     # The file drops the busy bed while it runs an attempt.
-    result = apply_inventory(store, load_inventory(write(path, {"beds": [entries[1]]})))
+    remaining = {"defaults": {"host_only": True}, "beds": [entries[1]]}
+    result = apply_inventory(store, load_inventory(write(path, remaining)))
     assert ("drain", "busy") in [(c.action, c.bed) for c in result.changes]
     busy = get_bed(store, "busy")
     assert busy.state == BedState.DRAINING

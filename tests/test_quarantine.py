@@ -132,7 +132,14 @@ def _unescrowed_bed(store: Store, tmp_path: Path, name: str, *, untrusted: bool)
     env = (("AI_PG_ESCROW_DIR", str(tmp_path / "escrow")),)
     row = add_bed(
         store,
-        NewBed(name=name, approot=approot, ddev=str(ddev), env=env, untrusted_verifier=untrusted),
+        NewBed(
+            name=name,
+            approot=approot,
+            ddev=str(ddev),
+            env=env,
+            untrusted_verifier=untrusted,
+            host_only=True,
+        ),
     )
     run_provision(row)
     if untrusted:

@@ -18,7 +18,7 @@ import pytest
 
 from apg_farm.contract import bed_environment, read_output
 from apg_farm.defaults import PHASE_OUTPUT_LIMIT
-from apg_farm.transports import Listing, ListingFailed
+from apg_farm.transports import Listing, ListingFailed, reaper
 from apg_farm.transports.base import CommandResult, Transport
 from apg_farm.transports.capture import omitted_marker
 from apg_farm.transports.local import LocalTransport
@@ -100,15 +100,18 @@ def test_environment_is_exactly_the_given_one(monkeypatch: pytest.MonkeyPatch) -
     result = run(["env"], env=env)
     assert result.rc == 0
     seen = dict(line.split("=", 1) for line in result.stdout.text().splitlines())
-    assert seen == env
+    # Plus the marker by which the command's orphans are found (a random id, no secret).
+    marker = seen.pop(reaper.MARKER)
+    assert seen == env and len(marker) == 32
     assert b"secret" not in result.stdout.data
 
 
 def test_empty_environment_stays_empty() -> None:
-    """With env={} the child sees no variables at all."""
+    """With env={} the child sees no variable but the orphan marker."""
     env_bin = shutil.which("env") or "/usr/bin/env"
     result = run([env_bin], env={})
-    assert result.rc == 0 and result.stdout.data == b""
+    assert result.rc == 0 and result.stdout.text().startswith(f"{reaper.MARKER}=")
+    assert len(result.stdout.text().splitlines()) == 1
 
 
 def test_timeout_kills_command_and_grandchild() -> None:
@@ -157,11 +160,11 @@ def test_escaped_process_holding_stdout_does_not_hang() -> None:
     script = "setsid sleep 60 & echo $!"
     result = run([BASH, "-c", script], transport=transport, timeout=30)
     escaped = int(result.stdout.data.split()[0])
-    try:
-        assert result.rc == 0 and not result.timed_out
-        assert 0.5 <= result.duration < 1.5
-    finally:
-        os.kill(escaped, 9)
+    assert result.rc == 0 and not result.timed_out
+    assert 0.5 <= result.duration < 1.5
+    # And it did not survive its command: the orphan came back to the farm and was killed.
+    with pytest.raises(ProcessLookupError):
+        os.kill(escaped, 0)
 
 
 def _peak_reset() -> bool:
@@ -455,3 +458,31 @@ def test_bed_command_dies_with_a_killed_farm_process(tmp_path: Path) -> None:
     while alive(child):
         assert time.monotonic() < deadline, "the bed command outlived the killed farm process"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("clear_env", [False, True], ids=["marked", "env-cleared"])
+def test_a_daemon_that_left_the_session_is_killed_with_its_command(
+    tmp_path: Path, clear_env: bool
+) -> None:
+    """A `setsid` daemon (its own session: killing the command's group misses it), with or
+    without its environment, is killed and reaped when its command ends."""
+    beat = tmp_path / "beat"
+    loop = f"while :; do echo x >> {beat}; sleep 0.05; done"
+    daemon = f"setsid {'env -i ' if clear_env else ''}/bin/sh -c '{loop}' >/dev/null 2>&1 &"
+    result = run(["/bin/sh", "-c", daemon + " sleep 0.3"], env={"PATH": os.environ["PATH"]})
+    assert result.rc == 0 and beat.exists()
+    size = beat.stat().st_size
+    time.sleep(0.3)
+    assert beat.stat().st_size == size, "the daemon still writes"
+    assert not _descendants_alive(beat)
+
+
+def _descendants_alive(beat: Path) -> bool:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if str(beat).encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False

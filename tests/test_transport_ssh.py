@@ -114,6 +114,20 @@ def test_hostile_arguments_never_reach_the_shell_unquoted(host: SshHost, tmp_pat
     line = remote_command(["x;y"], cwd=str(cwd), env={"A": "$(b)"}, timeout=3)
     expected = ["cd", str(cwd), "&&", "env", "-i", "A=$(b)"]
     assert shlex.split(line) == [*expected, "timeout", "--kill-after=5", "3", "x;y"]
+    # As sent: the same tokens, each quoted, as the arguments of the wrapper that records the
+    # command's process group (its script a constant, the id and the cwd arguments too).
+    tracked = remote_command(
+        ["x;y"], cwd=str(cwd), env={"A": "$(b)"}, timeout=3, command_id="0123abcd"
+    )
+    words = shlex.split(tracked)
+    assert words[:3] == ["exec", "sh", "-c"] and words[4:7] == [
+        "apg-farm-cmd",
+        "0123abcd",
+        str(cwd),
+    ]
+    assert words[7:] == [*expected[3:], "timeout", "--kill-after=5", "3", "x;y"]
+    with pytest.raises(ValueError, match="command id"):
+        remote_command(["true"], cwd="/", env={}, timeout=3, command_id="../x")
 
 
 def test_command_gets_exactly_the_given_environment(host: SshHost) -> None:

@@ -18,7 +18,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apg_farm import contract
-from apg_farm.beds import ddev_config_argv, escrow_hash_argv, finish_draining, hash_changes_in
+from apg_farm.beds import (
+    ddev_config_argv,
+    escrow_hash_argv,
+    finish_draining,
+    hash_changes_in,
+    printenv_argv,
+    web_settings,
+    web_settings_arrived,
+)
 from apg_farm.contract import (
     CONTINUE,
     UNESCROWED,
@@ -73,6 +81,14 @@ from apg_farm.transports import (
     host_environment,
     transport_for,
 )
+from workers.agent_stop import (
+    PS_ARGV,
+    ROUNDS,
+    kill_argv,
+    leftovers,
+    needs_second_look,
+    read_ps,
+)
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
 _CONTAINER_ROOT = "/var/www/html"
@@ -97,6 +113,10 @@ class BedInfo:
     grader_tree_sha256: str | None = None
     #: Enrolled with --untrusted-verifier: verified by the agent-writable ddev wrapper.
     untrusted_verifier: bool = False
+    #: Web commands run in a web container, where the agent's processes outlive a killed `ddev`.
+    web_container: bool = False
+    #: The last run on this bed ended with its agent confirmed stopped (bed meta `agent_stopped`).
+    agent_stopped: bool = True
 
     @classmethod
     def of(cls, bed: Bed) -> BedInfo:
@@ -112,6 +132,8 @@ class BedInfo:
             ddev_files=dict(bed.ddev_files) if bed.ddev_files is not None else None,
             grader_tree_sha256=bed.grader_tree_sha256,
             untrusted_verifier=bool(bed.untrusted_verifier),
+            web_container=bool(bed.web_container),
+            agent_stopped=bool((bed.meta or {}).get("agent_stopped", True)),
         )
 
     def runs_dir(self) -> str:
@@ -372,7 +394,11 @@ class _Attempt:
         if not bed.escrow_set and not bed.untrusted_verifier:
             # The claim refuses such a bed; a bed changed under a running worker meets this.
             return self._seen(Verdict("retry", UNESCROWED, quarantine=UNESCROWED))
-        for check in (self._check_escrow, lambda: self._check_ddev(after_run=False)):
+        for check in (
+            self._check_escrow,
+            lambda: self._check_ddev(after_run=False),
+            self._restart_if_agent_unstopped,
+        ):
             verdict = self._seen(check())
             if verdict.action != "continue":
                 return verdict
@@ -389,12 +415,19 @@ class _Attempt:
         verdict = self._seen(judge_reset(reset))
         if verdict.action != "continue":
             return verdict
+        verdict = self._seen(self._check_web_environment())
+        if verdict.action != "continue":
+            return verdict
+        baseline = self._container_processes("processes_before")
+        if isinstance(baseline, Verdict):
+            return self._seen(baseline)
         run_verdict = self._seen(self._run_agent())
         # Whatever the run returned (a crash, a timeout, a vanished run folder), the judging code
         # is checked now: the DDEV configuration before any other `ddev` call can fire a hook
         # planted during the run, then the trusted verifier.
         for check in (
             lambda: self._check_ddev(after_run=True),
+            lambda: self._stop_agent(baseline),
             lambda: judge_verify_after(
                 self._phase("verify_after", self._verify(restore=False), spec.timeouts.verify)
             ),
@@ -421,6 +454,83 @@ class _Attempt:
             # Evidence of what the attempt changed, taken on a verified bed; it never decides the outcome.
             self._diff()
         return self._grade(run_verdict)
+
+    def _container_processes(self, name: str) -> dict[int, tuple[int, str]] | Verdict:
+        """The web container's processes (`ddev exec ps`), or a retry that quarantines the bed:
+        where they cannot be listed, nobody can tell whether the agent still runs."""
+        if not self.bed.web_container:
+            return {}
+        argv = contract.web_exec(self.bed.ddev, PS_ARGV)
+        output, result = self._phase_result(name, argv, self.claim.spec.timeouts.verify)
+        if output.exit_code == 0 and not result.stdout.truncated:
+            return read_ps(result.stdout.text())
+        reason = f"the web container's processes cannot be listed ({name}, exit {output.exit_code})"
+        return Verdict("retry", reason, quarantine=f"{reason}: is `ddev exec` working?")
+
+    def _check_web_environment(self) -> Verdict:
+        """The settings web commands need (AI_PG_NO_IMPORT, the bed's own) are in the container:
+        what the farm gives the host-side `ddev` does not cross into it."""
+        if not self.bed.web_container:
+            return CONTINUE
+        wanted = web_settings(self.bed.env)
+        argv = contract.web_exec(self.bed.ddev, printenv_argv(wanted))
+        output, result = self._phase_result(
+            "web_environment", argv, self.claim.spec.timeouts.verify
+        )
+        missing = web_settings_arrived(wanted, output, result.stdout.text())
+        if not missing:
+            return CONTINUE
+        reason = f"settings did not reach the web container: {', '.join(missing)}"
+        return Verdict(
+            "retry", reason, quarantine=f"{reason}: `apg-farm bed escrow` reinstalls them"
+        )
+
+    def _stop_agent(self, baseline: dict[int, tuple[int, str]]) -> Verdict:
+        """Kill what was not running before the run, until nothing is left: the agent is stopped
+        before verification and stays stopped through grading."""
+        if not self.bed.web_container:
+            return CONTINUE
+        earlier: dict[int, tuple[int, str]] | None = None
+        for _ in range(ROUNDS + 1):
+            now = self._container_processes("processes_after")
+            if isinstance(now, Verdict):
+                return now
+            left = leftovers(baseline, now, earlier=earlier)
+            if not left and (earlier is not None or not needs_second_look(now)):
+                self._mark_agent_stopped(True)
+                return CONTINUE
+            earlier = now
+            if not left:
+                continue
+            self._phase(
+                "stop_agent",
+                contract.web_exec(self.bed.ddev, kill_argv(left)),
+                self.claim.spec.timeouts.verify,
+            )
+        reason = f"the agent's processes kept running after {ROUNDS} rounds of kill"
+        return Verdict("retry", reason, quarantine=f"{reason}: restart the web container")
+
+    def _restart_if_agent_unstopped(self) -> Verdict:
+        """A bed whose last run ended without its agent confirmed stopped (the worker died, the
+        link dropped) has its web container restarted before anything else runs there."""
+        if not self.bed.web_container or self.bed.agent_stopped:
+            return CONTINUE
+        output = self._phase(
+            "restart", contract.restart(self.bed.ddev), self.claim.spec.timeouts.reset
+        )
+        if output.exit_code != 0:
+            reason = f"the web container could not be restarted after an unconfirmed stop (exit {output.exit_code})"
+            return Verdict("retry", reason, quarantine=reason)
+        self._mark_agent_stopped(True)
+        return CONTINUE
+
+    def _mark_agent_stopped(self, stopped: bool) -> None:
+        def write() -> None:
+            with self.engine.store.session() as session:
+                bed = session.get_one(Bed, self.bed.id, with_for_update=True)
+                bed.meta = {**(bed.meta or {}), "agent_stopped": stopped}
+
+        self.engine.store.retrying(write)
 
     def _seen(self, verdict: Verdict) -> Verdict:
         """Keep every quarantine a phase asks for: the final verdict may be another phase's."""
@@ -555,6 +665,9 @@ class _Attempt:
         argv = contract.run(
             bed.ddev, claim.task, agent=spec.agent, dataset=spec.dataset, model=claim.model
         )
+        if bed.web_container:
+            # Until its processes are confirmed gone, the next attempt here restarts the container.
+            self._mark_agent_stopped(False)
         output, result = self._phase_result("run", argv, spec.timeouts.run)
         try:
             after, broken = self._list_runs(runs), None

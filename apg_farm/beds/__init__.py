@@ -32,6 +32,8 @@ from apg_farm.beds.registry import (
     validate_new_bed,
 )
 from apg_farm.beds.remote import NewRemoteBed, add_remote_bed, set_docker_host
+from apg_farm.beds.web_environment import arrived as web_settings_arrived
+from apg_farm.beds.web_environment import printenv_argv, web_settings
 
 __all__ = [
     "EscrowRecord",
@@ -53,6 +55,7 @@ __all__ = [
     "hash_changes_in",
     "list_beds",
     "load_inventory",
+    "printenv_argv",
     "record_ddev_config",
     "record_escrow_set",
     "record_event",
@@ -62,4 +65,6 @@ __all__ = [
     "run_provision",
     "set_docker_host",
     "validate_new_bed",
+    "web_settings",
+    "web_settings_arrived",
 ]

@@ -16,6 +16,7 @@ from apg_farm import contract
 from apg_farm.beds.fingerprints import grader_hash, hash_ddev_config
 from apg_farm.beds.hashes import NOT_A_FILE, hash_now
 from apg_farm.beds.maintenance import run_escrow
+from apg_farm.beds.web_environment import install as install_web_environment
 from apg_farm.contract import ESCROW_SET_MISSING
 from apg_farm.errors import ContractViolation, NotFound
 from apg_farm.store import Bed, BedEvent, Store, utcnow
@@ -107,6 +108,9 @@ def fingerprint_escrow_set(
     """Hash the escrow set, read its grader hash and fingerprint the DDEV configuration, now."""
     path = _outside_project(bed, escrow_set)
     with transport_in_use(bed, transport) as used:
+        if bed.web_container:
+            # Before the DDEV configuration is fingerprinted: the farm's own file is part of it.
+            install_web_environment(bed, transport=used)
         files = hash_escrow_set(bed, path, transport=used)
         return EscrowRecord(
             path,

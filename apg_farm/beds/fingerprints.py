@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 
 from apg_farm.beds.hashes import NOT_A_FILE, hash_now
+from apg_farm.beds.web_environment import install as install_web_environment
 from apg_farm.contract import DDEV_FOLDER_MISSING
 from apg_farm.store import Bed, BedEvent, Store
 from apg_farm.transports import Transport, transport_in_use
@@ -72,6 +73,8 @@ def grader_hash(
 def record_ddev_config(store: Store, bed: Bed, *, transport: Transport | None = None) -> None:
     """Fingerprint the DDEV configuration of a bed enrolled without an escrow set."""
     with transport_in_use(bed, transport) as used:
+        if bed.web_container:
+            install_web_environment(bed, transport=used)
         files = hash_ddev_config(bed, transport=used)
     with store.session() as session:
         row = session.get_one(Bed, bed.id, with_for_update=True)

@@ -97,6 +97,8 @@ class BedDefaults(BaseModel):
     """The fixture set (the pool)."""
     env: BedEnv = Field(default_factory=dict)
     """Extra environment for bed commands (no credentials), e.g. AI_PG_ESCROW_DIR."""
+    host_only: bool = False
+    """The beds have no web container (simulated beds in their host mode only)."""
 
 
 class BedSpec(BaseModel):
@@ -227,6 +229,7 @@ def _desired(inventory: Inventory, notes: list[str], *, dry_run: bool) -> dict[s
                         ddev=ddev,
                         fixtures=fixtures,
                         env=env,
+                        host_only=defaults.host_only,
                     )
                 )
                 if spec.docker_host:
@@ -245,6 +248,7 @@ def _desired(inventory: Inventory, notes: list[str], *, dry_run: bool) -> dict[s
                 trust_host_key=host.trust_host_key,
                 env=env,
                 docker_host=spec.docker_host or host.docker_host,
+                host_only=defaults.host_only,
             )
             target = target_for(new, field=f"hosts.{spec.host}.ssh")
             key = (target, host.trust_host_key)

@@ -68,6 +68,14 @@ CREDENTIAL_NAMES = frozenset(
     }
 )
 _HOME_ROOTS = ("/root", "/home", "/Users")
+#: Where a host's Docker or Podman engine listens: a bind of a folder holding one (`/var/run`,
+#: even read-only) lets the container connect to it, as a real engine showed.
+ENGINE_SOCKETS = (
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/var/run/podman/podman.sock",
+    "/run/podman/podman.sock",
+)
 
 
 @dataclass(frozen=True)
@@ -162,11 +170,13 @@ def classify_container(
     escrow_paths: Iterable[str],
     farm_paths: Iterable[str] = (),
     same_folder: Callable[[str, str], bool] | None = None,
+    real_path: Callable[[str], str] | None = None,
 ) -> list[Finding]:
     """Findings for one container, from its inspect document (`GET /containers/{id}/json`).
 
     `same_folder(a, b)` tells whether two paths name one folder on the bed's host (a symlinked
-    approot); without it, only equal paths are.
+    approot); without it, only equal paths are. `real_path(p)` is where p's symlinks lead on the
+    bed's host: Docker shows a bind's source as given but mounts what it resolves to.
     """
     findings: list[Finding] = []
     escrow_paths = [p for p in escrow_paths if p]
@@ -187,7 +197,24 @@ def classify_container(
             Finding("privileged", "the container is privileged: it can reach every host file", True)
         )
     for mount in attrs.get("Mounts") or []:
-        findings.extend(_mount_findings(mount, approot, escrow_paths, farm_paths))
+        found = _mount_findings(mount, approot, escrow_paths, farm_paths)
+        source = str(mount.get("Source") or "")
+        real = real_path(source) if real_path and mount.get("Type") == "bind" else source
+        if real_path and real.startswith("/") and _norm(real) != _norm(source):
+            # A symlink to the escrow folder (or one inside the approot) hides it from the names.
+            kinds = {f.kind for f in found}
+            seen = _mount_findings(
+                {**mount, "Source": real},
+                real_path(approot),
+                [real_path(p) for p in escrow_paths],
+                [real_path(p) for p in farm_paths],
+            )
+            found += [
+                Finding(f.kind, f"{f.detail} (Docker shows its source as {source})", f.refused)
+                for f in seen
+                if f.kind not in kinds
+            ]
+        findings.extend(found)
     for entry in (attrs.get("Config") or {}).get("Env") or []:
         name, _, value = str(entry).partition("=")
         if not is_credential_shaped(name):
@@ -245,6 +272,14 @@ def _mount_findings(
     exposure = _credential_exposure(source)
     if exposure:
         found.append(Finding("host_credentials", f"{exposure}: {shown}", True))
+    elif any(_contains(source, sock) for sock in ENGINE_SOCKETS):
+        found.append(
+            Finding(
+                "docker_socket",
+                f"the folder of the host's Docker socket mounted: {shown} (root on the host)",
+                True,
+            )
+        )
     else:
         found.append(Finding("outside_project", f"from outside the project: {shown}", False))
     return found
@@ -378,6 +413,12 @@ def _check(
         return report
     report.checked = True
     farm = [p for p in farm_paths if p]
+    paths = [bed.approot, *escrow_paths(bed), *farm]
+    for container in containers:
+        labels = (container.attrs.get("Config") or {}).get("Labels") or {}
+        binds = [m for m in container.attrs.get("Mounts") or [] if m.get("Type") == "bind"]
+        paths += [str(labels.get(APPROOT_LABEL) or ""), *(str(m.get("Source")) for m in binds)]
+    resolved = real_paths(transport, paths)
     for container in containers:
         report.containers.append(str(container.name))
         report.findings.extend(
@@ -387,9 +428,38 @@ def _check(
                 escrow_paths=escrow_paths(bed),
                 farm_paths=farm,
                 same_folder=lambda a, b: same_folder(transport, a, b),
+                real_path=lambda p: resolved.get(_norm(p), p),
             )
         )
     return report
+
+
+#: Prints where each argument's symlinks lead, one line each (empty when it cannot be resolved).
+_REALPATHS = 'for p; do r=$(readlink -f -- "$p" 2>/dev/null) || r=; printf "%s\\n" "$r"; done'
+
+
+def real_paths(transport: Transport, paths: Iterable[str]) -> dict[str, str]:
+    """Where absolute paths lead on the bed's host (`readlink -f`); a path it cannot resolve is
+    left out, and then is compared as Docker shows it."""
+    wanted = [
+        p for p in dict.fromkeys(_norm(p) for p in paths) if p.startswith("/") and "\n" not in p
+    ]
+    if not wanted:
+        return {}
+    result = transport.run(
+        ("/bin/sh", "-c", _REALPATHS, "sh", *wanted),
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=30,
+        stdout_limit=1 << 20,
+        stderr_limit=1024,
+    )
+    lines = result.stdout.text().split("\n")
+    if result.stdout.truncated or len(lines) != len(wanted) + 1:
+        return {}
+    return {
+        path: real for path, real in zip(wanted, lines[:-1], strict=True) if real.startswith("/")
+    }
 
 
 def same_folder(transport: Transport, first: str, second: str) -> bool:

@@ -30,6 +30,8 @@ class NewBed:
     env: tuple[tuple[str, str], ...] = ()
     #: No escrow set, on purpose: verified by the agent-writable ddev wrapper; reports say so.
     untrusted_verifier: bool = False
+    #: No web container: every command runs on the host (simulated beds in their host mode).
+    host_only: bool = False
 
 
 def _resolve_ddev(ddev: str) -> str:
@@ -101,6 +103,7 @@ def validate_new_bed(bed: NewBed) -> Bed:
         escrow_set=escrow,
         env=env,
         untrusted_verifier=bed.untrusted_verifier,
+        web_container=not bed.host_only,
         state=BedState.ACTIVE,
     )
 

@@ -38,6 +38,8 @@ class NewRemoteBed:
     docker_host: str | None = None
     #: No escrow set, on purpose: verified by the agent-writable ddev wrapper; reports say so.
     untrusted_verifier: bool = False
+    #: No web container: every command runs on the host (simulated beds in their host mode).
+    host_only: bool = False
 
 
 @dataclass
@@ -133,6 +135,7 @@ def validate_remote_bed(
         env=env,
         meta={"docker_host": bed.docker_host} if bed.docker_host else None,
         untrusted_verifier=bed.untrusted_verifier,
+        web_container=not bed.host_only,
         state=BedState.ACTIVE,
     )
     return CheckedRemoteBed(row, transport)

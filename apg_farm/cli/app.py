@@ -104,6 +104,13 @@ def bed_add(
     docker_host: Annotated[
         str | None, typer.Option("--docker-host", help="Docker engine for the mounts check.")
     ] = None,
+    host_only: Annotated[
+        bool,
+        typer.Option(
+            "--host-only",
+            help="The bed has no web container: every command runs on its host (simulated beds).",
+        ),
+    ] = False,
     untrusted_verifier: Annotated[
         bool,
         typer.Option(
@@ -131,6 +138,7 @@ def bed_add(
             trust_host_key=trust_host_key,
             docker_host=docker_host,
             untrusted_verifier=untrusted_verifier,
+            host_only=host_only,
         )
         return
     if identity or known_hosts or trust_host_key:
@@ -150,6 +158,7 @@ def bed_add(
             escrow_set=escrow_set,
             env=_env_pairs(env or []),
             untrusted_verifier=untrusted_verifier,
+            host_only=host_only,
         ),
     )
     if docker_host:

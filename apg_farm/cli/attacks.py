@@ -219,8 +219,16 @@ def _spec(attack: Attack) -> SweepSpec:
     )
 
 
-def _fresh_bed(store: Store, root: Path, attack: Attack) -> Bed:
-    """A bed of its own, in a pool of its own, recreated from scratch."""
+def _fresh_bed(
+    store: Store,
+    root: Path,
+    attack: Attack,
+    *,
+    image: str | None = None,
+    web_commands: list[str] | None = None,
+) -> Bed:
+    """A bed of its own, in a pool of its own, recreated from scratch; with `image`, a container
+    bed whose `web_commands` run in its web container."""
     name = f"attack-{attack.key}".replace("_", "-")
     shutil.rmtree(root / "beds" / name, ignore_errors=True)
     shutil.rmtree(root / "escrow" / name, ignore_errors=True)
@@ -230,8 +238,17 @@ def _fresh_bed(store: Store, root: Path, attack: Attack) -> Bed:
         "skill": {MODEL: {TASK: 0.0}},
         "agent_timeout_s": 3600,
     }
+    if web_commands is not None:
+        config["web_commands"] = web_commands
+    if image is not None:
+        simbed.stop_container(root / "beds" / name)
     row = simulated_bed(
-        root, name, ddev=simbed.install_ddev(root / "bin"), config=config, fixtures=FIXTURES
+        root,
+        name,
+        ddev=simbed.install_ddev(root / "bin"),
+        config=config,
+        fixtures=FIXTURES,
+        image=image,
     )
     simbed.write_faults(Path(row.approot), attack.bed_faults())
     with store.session() as session:
@@ -249,9 +266,16 @@ def _fresh_bed(store: Store, root: Path, attack: Attack) -> Bed:
     return row
 
 
-def run_attack(store: Store, root: Path, attack: Attack) -> Recorded:
+def run_attack(
+    store: Store,
+    root: Path,
+    attack: Attack,
+    *,
+    image: str | None = None,
+    web_commands: list[str] | None = None,
+) -> Recorded:
     """Play one attack on a fresh bed and read back what the farm recorded."""
-    bed = _fresh_bed(store, root, attack)
+    bed = _fresh_bed(store, root, attack, image=image, web_commands=web_commands)
     sweep_id = submit(store, _spec(attack)).sweep_id
     EmbeddedExecutor(store, sweep_id).run()
     with store.session() as session:

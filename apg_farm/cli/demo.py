@@ -78,10 +78,17 @@ def simulated_bed(
     ddev: Path,
     config: dict[str, Any],
     fixtures: tuple[str, ...] = DEFAULT_FIXTURES,
+    image: str | None = None,
 ) -> Bed:
-    """A simulated bed under root/beds, provisioned and escrowed under root/escrow, not yet stored."""
+    """A simulated bed under root/beds, provisioned and escrowed under root/escrow, not yet stored.
+
+    With `image`, a container bed: its web commands run in a real web container of that image
+    (fixtures/container); without, a host-only bed whose commands all run on this host.
+    """
     approot = root / "beds" / name
     simbed.create_bed(approot, project=name, config=config)
+    if image is not None:
+        simbed.start_container(approot, image=image)
     row = validate_new_bed(
         NewBed(
             name=name,
@@ -89,6 +96,7 @@ def simulated_bed(
             ddev=str(ddev),
             fixtures=fixtures,
             env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
+            host_only=image is None,
         )
     )
     run_provision(row)

@@ -37,6 +37,7 @@ def add_ssh_bed(
     trust_host_key: bool,
     docker_host: str | None,
     untrusted_verifier: bool = False,
+    host_only: bool = False,
 ) -> None:
     """`bed add NAME --ssh user@host[:port] ...`: reach the host, find the bed there, enrol it."""
     row, pinned, record = add_remote_bed(
@@ -54,6 +55,7 @@ def add_ssh_bed(
             env=env,
             docker_host=docker_host,
             untrusted_verifier=untrusted_verifier,
+            host_only=host_only,
         ),
     )
     if pinned:

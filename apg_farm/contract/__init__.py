@@ -37,11 +37,13 @@ from apg_farm.contract.commands import (
     provision,
     read_output,
     reset,
+    restart,
     run,
     run_record,
     strip_ansi,
     trusted_verify,
     verify,
+    web_exec,
 )
 from apg_farm.contract.envelope import (
     MAX_ENVELOPE_BYTES,
@@ -123,11 +125,13 @@ __all__ = [
     "read_grade",
     "read_output",
     "reset",
+    "restart",
     "run",
     "run_record",
     "schema_validator",
     "strip_ansi",
     "trusted_verify",
     "verify",
+    "web_exec",
     "with_quarantine",
 ]

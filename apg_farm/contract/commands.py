@@ -23,14 +23,16 @@ SAFE_ARG = re.compile(r"[A-Za-z0-9._@=:/-]+")
 _SAFE_FIX = "use only letters, digits and . _ @ = : / - (no spaces, quotes or shell characters)"
 
 
-def check_arg(field: str, value: str) -> str:
-    """Return `value` when DDEV can pass it through unchanged; else raise UnsafeArgument."""
+def check_arg(field: str, value: str, *, option: bool = False) -> str:
+    """Return `value` when DDEV can pass it through unchanged; else raise UnsafeArgument.
+
+    `option` allows a leading '-': the farm's own flags to a command it runs (`ps -e`)."""
     if not isinstance(value, str):
         raise UnsafeArgument(f"must be a string, got {type(value).__name__}", field=field)
     if not SAFE_ARG.fullmatch(value):
         shown = repr(value[:80]) if value else "empty"
         raise UnsafeArgument(f"unsafe value {shown}", field=field, fix=_SAFE_FIX)
-    if value.startswith("-"):
+    if value.startswith("-") and not option:
         # The command would read it as an option.
         raise UnsafeArgument(
             f"value {value[:80]!r} starts with '-'", field=field, fix="values must not start with -"
@@ -167,6 +169,25 @@ def diff(ddev: str, fixtures: Sequence[str], *, run_id: str | None = None) -> tu
 def doctor(ddev: str, fixtures: Sequence[str]) -> tuple[str, ...]:
     """`ddev ai-eval-doctor [fixture…]`."""
     return (check_arg("ddev", ddev), "ai-eval-doctor", *_fixtures(fixtures))
+
+
+def web_exec(ddev: str, argv: Sequence[str]) -> tuple[str, ...]:
+    """`ddev exec <argv…>`: one command in the bed's web container; DDEV does not collapse its
+    exit code. DDEV joins the words with spaces for bash in the container, so each is checked."""
+    if not argv:
+        raise BadInput("ddev exec needs a command", field="argv")
+    # `--` ends ddev's own options: the command's flags (`ps -e`) are the command's.
+    return (
+        check_arg("ddev", ddev),
+        "exec",
+        "--",
+        *(check_arg(f"exec[{i}]", word, option=True) for i, word in enumerate(argv)),
+    )
+
+
+def restart(ddev: str) -> tuple[str, ...]:
+    """`ddev restart`: the web container recreated, everything running in it stopped."""
+    return (check_arg("ddev", ddev), "restart")
 
 
 def escrow(ddev: str, fixtures: Sequence[str], *, force: bool = False) -> tuple[str, ...]:

@@ -131,6 +131,10 @@ class Bed(Base):
     #: Enrolled with `--untrusted-verifier`: attempts run with no escrow set (the agent-writable
     #: `ddev ai-eval-verify`), and reports say so. Without it, a bed without escrow takes no attempt.
     untrusted_verifier: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: DDEV runs the bed's web commands in a web container, where what the agent starts outlives
+    #: a killed `ddev`: the farm lists and stops it with `ddev exec`. False only for host-only
+    #: simulated beds (enrolled --host-only), whose runs are process groups the transport kills.
+    web_container: Mapped[bool] = mapped_column(Boolean, default=True)
     env: Mapped[dict[str, str]] = mapped_column(JSONText, default=dict)
     ssh_user: Mapped[str | None] = mapped_column(String(100))
     ssh_port: Mapped[int | None] = mapped_column(Integer)

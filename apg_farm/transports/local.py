@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from apg_farm.transports import reaper
 from apg_farm.transports.base import LIST_LIMIT, Captured, CommandResult, Listing, ListingFailed
 from apg_farm.transports.capture import BoundedCapture
 
@@ -52,12 +53,16 @@ class LocalTransport:
         problem = _cannot_start(argv_t[0], cwd, env)
         if problem:
             return _not_started(argv_t, problem, started)
+        # Orphans that leave the command's session (a setsid daemon) come back to this process.
+        reaper.enable()
+        marker = reaper.begin()
         try:
             proc = subprocess.Popen(
                 (*_DIE_WITH_PARENT, *argv_t),
                 cwd=cwd,
-                # A copy of exactly what was given: nothing of os.environ leaks to the bed.
-                env=dict(env),
+                # Exactly what was given (nothing of os.environ leaks to the bed), and the marker
+                # by which the command's orphans are found.
+                env={**env, reaper.MARKER: marker},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -65,9 +70,12 @@ class LocalTransport:
                 start_new_session=True,
             )
         except OSError as exc:
+            reaper.end(marker, None)
             return _not_started(argv_t, _spawn_error(exc, argv_t[0], cwd), started)
         except ValueError as exc:  # an embedded NUL in argv or env
+            reaper.end(marker, None)
             return _not_started(argv_t, f"cannot run {argv_t[0]!r}: {exc}", started)
+        reaper.started(proc.pid)
 
         # Only stderr carries the contract's tokens: its capture keeps those of the omitted middle.
         out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)
@@ -80,6 +88,8 @@ class LocalTransport:
             child.signal_group(signal.SIGKILL)
             child.close()
             raise
+        finally:
+            reaper.end(marker, proc.pid)
         duration = time.monotonic() - started
         stdout, stderr = child.results()
         return CommandResult(

@@ -9,6 +9,16 @@ the farm chose (nothing of the SSH session's own: no agent socket, no SSH_* vari
 dropped link cannot leave the command running past its deadline. A failure of the link, of the
 authentication or of the host key is a `transport_error` on the result (an infrastructure failure,
 retried elsewhere), never a model failure.
+
+Each command is sent inside a small POSIX sh wrapper (`remote_command(..., command_id=...)`): it
+starts the command with `setsid` in a session and process group of its own, whose id the group's
+leader first writes to `${TMPDIR:-/tmp}/apg-farm-cmd-<uid>/<command id>.pid` (a 0700 folder of the
+SSH user, never a symlink); the wrapper removes the file when the command ends. A command whose end
+the farm did not see (the link dropped, the farm's deadline passed, the farm gave up) stays on the
+transport's list of leftovers, and before the next command on the host the transport kills their
+groups (SIGTERM, a short grace, SIGKILL) and waits until none of their processes remain. If that
+cannot be confirmed, that next command is not sent: its result is a `transport_error` saying that
+leftovers of an earlier command may still run.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import hashlib
 import math
 import os
 import re
+import secrets
 import select
 import shlex
 import socket
@@ -49,6 +60,11 @@ DEADLINE_SLACK = 10.0
 DEFAULT_LINGER = 2.0
 #: Limit for the farm's own small commands on the host (reading a file, listing a folder).
 HELPER_TIMEOUT = 60.0
+#: Seconds leftovers of a lost command get after SIGTERM before SIGKILL, and then to be gone.
+LEFTOVER_GRACE = 2.0
+LEFTOVER_WAIT = 5.0
+#: Limit for killing leftovers on the host (the scans of its processes included).
+SETTLE_TIMEOUT = 60.0
 
 _READ_SIZE = 1 << 16
 _TICK = 0.05
@@ -75,6 +91,82 @@ _LIST_SCRIPT = (
     'if [ ! -x "$up" ]; then echo "$up: permission denied" >&2; exit 4; fi; '
     "exit 3; fi; done; exit 3"
 )
+#: Sets state, pgrp, sid and start (clock ticks after boot) from /proc/<pid>/stat of process $1.
+_PROC_INFO = (
+    'info() { read -r l 2>/dev/null < "/proc/$1/stat" || return 1; l=${l##*) }; '
+    "set -f; set -- $l; set +f; state=$1 pgrp=$3 sid=$4 start=${20}; }; "
+)
+#: The per-user folder of pid files on the host: made 0700, refused if a symlink or not ours.
+_COMMAND_DIR = (
+    'd="${TMPDIR:-/tmp}/apg-farm-cmd-$(id -u)"; [ -d "$d" ] || mkdir -m 700 "$d" 2>/dev/null; '
+    'if [ -L "$d" ] || [ ! -d "$d" ] || [ ! -O "$d" ]; then '
+    'echo "$m $d is not a folder of this user" >&2; exit {fail}; fi; '
+)
+#: The leader of a command's new session (after `setsid`; $1 id, $2 pid file, then the command):
+#: checks that it leads a session, writes "<group> <start time>" to the pid file (refusing to
+#: start when one is already there: the farm gave the command up and left a tombstone), then
+#: becomes the command, so the group's leader is the command's own `env` / `timeout`.
+_LEADER = (
+    'n=$1; f=$2; shift 2; m="apg-farm-transport[$n]:"; st=-; '
+    + _PROC_INFO
+    + 'if info $$; then [ "$sid" = $$ ] || { echo "$m the command did not get a session of its '
+    'own" >&2; exit 125; }; st=$start; fi; '
+    'set -C; if ! { echo "$$ $st" > "$f"; } 2>/dev/null; then '
+    'echo "$m the command was given up before it started" >&2; exit 125; fi; set +C; '
+    'exec "$@"'
+)
+#: The wrapper of every command ($1 id, $2 working directory, then the command): starts the
+#: command under _LEADER in a session of its own and, once it ended, removes its pid file unless
+#: processes of its group still run.
+_WRAPPER = (
+    'n=$1; c=$2; shift 2; m="apg-farm-transport[$n]:"; '
+    + _COMMAND_DIR.replace("{fail}", "125")
+    + "if ! command -v setsid > /dev/null; then "
+    'echo "$m setsid (util-linux) is not installed on the host" >&2; exit 125; fi; '
+    'f="$d/$n.pid"; cd "$c" || exit; '
+    f'setsid sh -c \'{_LEADER}\' apg-farm-cmd "$n" "$f" "$@"; s=$?; '
+    'g=; read -r g x 2>/dev/null < "$f"; '
+    'case $g in ""|*[!0-9]*) rm -f "$f";; *) kill -0 "-$g" 2>/dev/null || rm -f "$f";; esac; '
+    "exit $s"
+)
+#: Kills the leftovers of lost commands ($1 grace and $2 wait in tenths of a second, then their
+#: ids). A command without a pid file gets a tombstone in its place (should it still arrive, it
+#: does not start); a pid file whose group leader is another process now (same pid, other start
+#: time) names a group that is gone. The groups, and what else runs in their sessions, get SIGTERM
+#: (and SIGCONT), then SIGKILL after the grace; "settled" once no live process of them remains.
+_SETTLE = (
+    'gt=$1; wt=$2; shift 2; m="apg-farm:"; '
+    + _COMMAND_DIR.replace("{fail}", "3")
+    + _PROC_INFO
+    + "sweep() { "
+    '[ "$1" = 0 ] || for g in $gs; do kill -"$1" "-$g" 2>/dev/null; done; '
+    "if [ ! -r /proc/self/stat ]; then "
+    'for g in $gs; do kill -0 "-$g" 2>/dev/null && return 0; done; return 1; fi; '
+    "a=1; for p in /proc/[0-9]*; do "
+    'info "${p#/proc/}" || continue; case $state in Z|X|x) continue;; esac; '
+    'case " $gs " in *" $pgrp "*|*" $sid "*) a=0; '
+    '[ "$1" = 0 ] || kill -"$1" "${p#/proc/}" 2>/dev/null;; esac; done; return $a; }; '
+    "gs=; ns=; "
+    'for n in "$@"; do f="$d/$n.pid"; i=0; '
+    "while :; do "
+    'if (set -C; echo gone > "$f") 2>/dev/null; then g=gone; break; fi; '
+    'g=; st=; read -r g st 2>/dev/null < "$f"; [ -n "$g" ] && break; '
+    'i=$((i+1)); if [ $i -ge 50 ]; then echo "$f stays empty" >&2; exit 3; fi; sleep 0.1; '
+    "done; "
+    "case $g in gone) continue;; "
+    '""|*[!0-9]*|0|1) echo "$f does not name a process group" >&2; exit 3;; esac; '
+    'if [ "$st" != - ] && info "$g" && [ "$start" != "$st" ]; then rm -f "$f"; continue; fi; '
+    'gs="${gs:+$gs }$g"; ns="${ns:+$ns }$n"; done; '
+    'if [ -n "$gs" ] && sweep TERM; then sweep CONT; '
+    'i=0; while [ $i -lt "$gt" ] && sweep 0; do i=$((i+1)); sleep 0.1; done; '
+    "if sweep KILL; then i=0; while sweep 0; do i=$((i+1)); "
+    'if [ $i -ge "$wt" ]; then '
+    'echo "processes of process group(s) $gs still run after SIGKILL" >&2; exit 4; fi; '
+    "sleep 0.1; done; fi; fi; "
+    'for n in $ns; do rm -f "$d/$n.pid"; done; echo settled'
+)
+#: Command ids: only these characters reach a path on the host.
+_COMMAND_ID = re.compile(r"[0-9a-f]{8,64}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}")
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
@@ -245,11 +337,14 @@ def remote_command(
     env: Mapping[str, str],
     timeout: float,
     kill_after: int = KILL_AFTER,
+    command_id: str | None = None,
 ) -> str:
     """The one shell line that runs `argv` on the host; raises ValueError for what cannot be sent.
 
     Every token is quoted, names included, so nothing in an argument, a path or a value is ever
-    read by the remote shell as syntax.
+    read by the remote shell as syntax. With a `command_id`, the line runs the same command under
+    the wrapper that gives it a session of its own and a pid file named after the id (see the
+    module's docstring); without, it is the bare `cd ... && env -i ... timeout ...` line.
     """
     if not argv:
         raise ValueError("empty command line")
@@ -261,21 +356,33 @@ def remote_command(
     if any("\x00" in token for token in (*argv, cwd, *env.values())):
         raise ValueError("a command argument, path or value contains a NUL byte")
     seconds = max(1, math.ceil(timeout))
-    assignments = [shlex.quote(f"{name}={env[name]}") for name in sorted(env)]
-    return " ".join(
-        [
-            "cd",
-            shlex.quote(cwd),
-            "&&",
-            "env",
-            "-i",
-            *assignments,
-            "timeout",
-            f"--kill-after={int(kill_after)}",
-            str(seconds),
-            *(shlex.quote(token) for token in argv),
-        ]
-    )
+    tokens = [
+        "env",
+        "-i",
+        *(f"{name}={env[name]}" for name in sorted(env)),
+        "timeout",
+        f"--kill-after={int(kill_after)}",
+        str(seconds),
+        *argv,
+    ]
+    if command_id is not None:
+        return tracked_command(tokens, cwd=cwd, command_id=command_id)
+    return " ".join(["cd", shlex.quote(cwd), "&&", *(shlex.quote(token) for token in tokens)])
+
+
+def tracked_command(tokens: Sequence[str], *, cwd: str, command_id: str) -> str:
+    """The line that runs `tokens` (a command line, not shell text) in `cwd` under the wrapper:
+    a session and process group of its own, recorded in the pid file of `command_id`."""
+    if not _COMMAND_ID.fullmatch(command_id):
+        raise ValueError(f"command id {command_id!r} is not 8-64 lowercase hex digits")
+    if not tokens or any("\x00" in token for token in (*tokens, cwd)):
+        raise ValueError("an empty command, or a NUL byte in it")
+    words = ["exec", "sh", "-c", _WRAPPER, "apg-farm-cmd", command_id, cwd, *tokens]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def _new_command_id() -> str:
+    return secrets.token_hex(8)
 
 
 # -- the transport -------------------------------------------------------------------------------
@@ -310,6 +417,16 @@ class SshTransport:
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
         self._host_env: dict[str, str] | None = None
+        #: Commands sent whose end was not seen (link lost, deadline passed, given up): id -> what
+        #: it was. Their processes are killed on the host before any further command runs there.
+        self._leftovers: dict[str, str] = {}
+        self._settle_lock = threading.Lock()
+
+    @property
+    def leftovers(self) -> tuple[str, ...]:
+        """Commands that may still run on the host (their end was not seen), not yet killed."""
+        with self._lock:
+            return tuple(self._leftovers.values())
 
     # connection ---------------------------------------------------------------------------------
 
@@ -444,9 +561,15 @@ class SshTransport:
         """Run `argv` on the host in `cwd` with exactly `env`; failures are reported, not raised."""
         argv_t = tuple(argv)
         started = time.monotonic()
+        command_id = _new_command_id()
         try:
             command = remote_command(
-                argv_t, cwd=cwd, env=env, timeout=timeout, kill_after=self.kill_after
+                argv_t,
+                cwd=cwd,
+                env=env,
+                timeout=timeout,
+                kill_after=self.kill_after,
+                command_id=command_id,
             )
         except ValueError as error:
             return _not_started(argv_t, f"cannot run {argv_t[:1]!r} over SSH: {error}", started)
@@ -458,6 +581,7 @@ class SshTransport:
             stderr_limit=stderr_limit,
             started=started,
             wrapped=True,
+            command_id=command_id,
         )
 
     def _execute(
@@ -470,31 +594,48 @@ class SshTransport:
         stderr_limit: int,
         started: float,
         wrapped: bool,
+        command_id: str | None = None,
     ) -> CommandResult:
+        """Send `command`; with a `command_id` (a wrapped command: see tracked_command) only once
+        the leftovers of earlier commands are confirmed dead, and recorded as a leftover itself
+        until its end is seen."""
+        if command_id is not None:
+            leftover = self._settle()
+            if leftover is not None:
+                return _not_started(argv, leftover, started)
         try:
             channel = self._session()
-            channel.exec_command(command)
         except SshError as error:
             return _not_started(argv, error.render(), started)
-        except (paramiko.SSHException, OSError, EOFError) as error:
-            self.close()
-            return _not_started(
-                argv, f"SSH to {self.target.label} failed: {_describe(error)}", started
-            )
-        # Only stderr carries the contract's tokens: its capture keeps those of the omitted middle.
-        out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)
-        deadline = started + max(timeout, 0.0) + self.kill_after + DEADLINE_SLACK
+        status: int | None = None
+        ending = "given up"
         try:
+            try:
+                channel.exec_command(command)
+            except (paramiko.SSHException, OSError, EOFError) as error:
+                self.close()
+                ending = "lost"
+                return _not_started(
+                    argv, f"SSH to {self.target.label} failed: {_describe(error)}", started
+                )
+            # Only stderr carries the contract's tokens: its capture keeps those of the middle.
+            out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)
+            deadline = started + max(timeout, 0.0) + self.kill_after + DEADLINE_SLACK
             ending = self._pump(channel, out, err, deadline)
             status = channel.exit_status if _has_status(channel) else None
         finally:
             with contextlib.suppress(Exception):
                 channel.close()
+            if command_id is not None:
+                self._seen(command_id, argv, status, ending)
         duration = time.monotonic() - started
         rc: int | None = status
         timed_out = False
         problem: str | None = None
-        if ending == "deadline":
+        refused = _refusal(err.result(), command_id) if status == 125 else None
+        if refused is not None:
+            rc, problem = None, f"{self.target.label}: {refused}"
+        elif ending == "deadline":
             timed_out, rc = True, None
             if not self._alive():
                 problem = f"link to {self.target.label} lost: no answer before the deadline"
@@ -518,6 +659,58 @@ class SshTransport:
             timed_out=timed_out,
             transport_error=problem,
         )
+
+    def _seen(
+        self, command_id: str, argv: tuple[str, ...], status: int | None, ending: str
+    ) -> None:
+        """A wrapped command was sent (or its sending failed half-way): unless its exit status
+        arrived (the wrapper ended, and with it the command's group leader), it may still run, or
+        still start, on the host: a leftover, with how it was left."""
+        if status is None:
+            with self._lock:
+                self._leftovers[command_id] = f"{_what(argv)}, {_ENDINGS.get(ending, ending)}"
+
+    def _settle(self) -> str | None:
+        """Kill what may be left of commands whose end was not seen. None once none of their
+        processes remains on the host; else why the next command must not run there."""
+        with self._settle_lock:
+            with self._lock:
+                pending = dict(self._leftovers)
+            if not pending:
+                return None
+            ids = sorted(pending)
+            script = shlex.quote(_SETTLE)
+            grace, wait = (max(1, math.ceil(s * 10)) for s in (LEFTOVER_GRACE, LEFTOVER_WAIT))
+            command = (
+                f"timeout --kill-after={self.kill_after} {int(SETTLE_TIMEOUT)} "
+                f"sh -c {script} apg-farm-settle {grace} {wait} {' '.join(ids)}"
+            )
+            result = self._execute(
+                ("kill-leftovers", *ids),
+                command,
+                timeout=SETTLE_TIMEOUT,
+                stdout_limit=4096,
+                stderr_limit=4096,
+                started=time.monotonic(),
+                wrapped=False,
+            )
+            said = result.stderr.text().strip().splitlines()
+            if result.transport_error:
+                why = result.transport_error
+            elif result.timed_out or result.rc in (124, 128 + 9):
+                why = f"killing them took longer than {int(SETTLE_TIMEOUT)} s"
+            elif result.rc == 0 and result.stdout.text().split()[-1:] == ["settled"]:
+                with self._lock:
+                    for command_id in ids:
+                        self._leftovers.pop(command_id, None)
+                return None
+            else:
+                why = (said[-1][:300] if said else "") or f"killing them exited {result.rc}"
+            what = "; ".join(pending[i] for i in ids[:3]) + ("; ..." if len(ids) > 3 else "")
+            return (
+                f"leftovers of an earlier command on {self.target.label} ({what}) may still run: "
+                f"{why}; no further command runs there until they are confirmed dead"
+            )
 
     def _alive(self) -> bool:
         client = self._client
@@ -552,14 +745,17 @@ class SshTransport:
     # files --------------------------------------------------------------------------------------
 
     def _helper(self, argv: tuple[str, ...], command: str, limit: int) -> CommandResult:
+        command_id = _new_command_id()
+        tokens = ["timeout", f"--kill-after={self.kill_after}", str(int(HELPER_TIMEOUT))]
         return self._execute(
             argv,
-            f"timeout --kill-after={self.kill_after} {int(HELPER_TIMEOUT)} sh -c {shlex.quote(command)}",
+            tracked_command([*tokens, "sh", "-c", command], cwd="/", command_id=command_id),
             timeout=HELPER_TIMEOUT,
             stdout_limit=limit,
             stderr_limit=4096,
             started=time.monotonic(),
             wrapped=False,
+            command_id=command_id,
         )
 
     def read_file(self, path: str, *, limit: int) -> bytes | None:
@@ -663,6 +859,31 @@ class SshTransport:
                 f"{result.stderr.text().strip()[:200]}"
             )
         return lines[0].strip(), lines[-1].strip()
+
+
+#: How a command whose end was not seen was left, for messages.
+_ENDINGS = {
+    "deadline": "given up at its deadline",
+    "lost": "link lost or no exit status",
+    "exited": "no exit status",
+    "given up": "given up",
+}
+
+
+def _what(argv: Sequence[str]) -> str:
+    text = shlex.join(argv)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _refusal(stderr: Captured, command_id: str | None) -> str | None:
+    """Why the wrapper refused to run the command (exit 125 and its marker line), else None."""
+    if command_id is None:
+        return None
+    first = stderr.text().partition("\n")[0]
+    marker = f"apg-farm-transport[{command_id}]: "
+    if not first.startswith(marker):
+        return None
+    return first[len(marker) :].strip()[:300] or "the command was refused on the host"
 
 
 def _allowed(env: Mapping[str, str]) -> dict[str, str]:

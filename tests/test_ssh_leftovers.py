@@ -1,0 +1,275 @@
+"""A command the SSH transport lost or gave up is killed on the host before the next one runs.
+
+Against a real OpenSSH sshd on loopback: the "remote" host is this machine, so the tests look at
+its processes and files directly as well as through the next command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from apg_farm.transports import CommandResult
+from apg_farm.transports import ssh as ssh_module
+from apg_farm.transports.ssh import SshTransport
+from tests.sshd import SshHost, start_sshd
+from tests.test_transport_ssh import PATH, run, target
+
+#: A shell loop appending to a file every 50 ms, with a child doing the same that ignores SIGTERM
+#: (so only the SIGKILL that follows ends it). $1 is the file; its name carries the test's token.
+LOOP = (
+    '( trap "" TERM; while :; do echo child >> "$1"; sleep 0.05; done ) & '
+    'while :; do echo parent >> "$1"; sleep 0.05; done'
+)
+#: Run on the host as the next command: prints ALIVE when a process of the loop remains and GROWING
+#: when its file grows. `$2` is the token as `[a]pgloop...`: a glob naming the file in folder `$1`
+#: and a pattern for pgrep, so this command's own line never holds the token itself.
+CHECK = (
+    'for f in "$1"/$2.log; do :; done; s1=$(stat -c %s "$f"); sleep 0.3; s2=$(stat -c %s "$f"); '
+    'pgrep -f "$2" > /dev/null && echo ALIVE; [ "$s1" = "$s2" ] || echo GROWING; exit 0'
+)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[SshHost]:
+    """A real sshd on loopback whose sessions get a TMPDIR of this test's own."""
+    home = tmp_path / "remote-home"
+    home.mkdir()
+    (tmp_path / "remote-tmp").mkdir()
+    running = start_sshd(
+        tmp_path / "sshd",
+        extra_config=[f"SetEnv HOME={home} PATH={PATH} TMPDIR={tmp_path / 'remote-tmp'}"],
+    )
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def command_dir(tmp_path: Path) -> Path:
+    """The folder of pid files on the host for this test's sessions."""
+    return tmp_path / "remote-tmp" / f"apg-farm-cmd-{os.getuid()}"
+
+
+def pid_files(tmp_path: Path) -> list[str]:
+    folder = command_dir(tmp_path)
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def processes(token: str) -> list[int]:
+    """Live (not zombie) processes on this machine whose command line holds `token`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if token.encode() in cmdline and state not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
+@contextlib.contextmanager
+def loop_file(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A file for LOOP whose name carries a unique token; whatever still runs is killed after."""
+    token = f"apgloop{secrets.token_hex(6)}"
+    path = tmp_path / f"{token}.log"
+    try:
+        yield path, token
+    finally:
+        for pid in processes(token):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def start_loop(transport: SshTransport, path: Path, timeout: float = 60) -> threading.Thread:
+    """Run LOOP in a thread (its result in thread.result) and wait until both loops write."""
+    thread = threading.Thread(
+        target=lambda: setattr(
+            thread, "result", run(transport, ["sh", "-c", LOOP, "sh", str(path)], timeout=timeout)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if "parent" in text and "child" in text:
+            return thread
+        time.sleep(0.05)
+    raise AssertionError("the loop did not start on the host")
+
+
+def result_of(thread: threading.Thread) -> CommandResult:
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the command did not come back"
+    result: CommandResult = getattr(thread, "result")  # noqa: B009
+    return result
+
+
+def assert_dead_before_next_command(
+    transport: SshTransport, path: Path, token: str
+) -> CommandResult:
+    """The next command finds no process of the loop and the file no longer growing; so do we."""
+    pattern = f"[{token[0]}]{token[1:]}"
+    check = run(transport, ["sh", "-c", CHECK, "sh", str(path.parent), pattern])
+    assert isinstance(check, CommandResult)
+    assert check.transport_error is None and check.rc == 0, check
+    assert check.stdout.text() == "", "the next command saw the earlier one still running"
+    assert processes(token) == []
+    size = path.stat().st_size
+    time.sleep(0.3)
+    assert path.stat().st_size == size
+    return check
+
+
+def test_a_command_whose_link_dropped_is_killed_before_the_next_command(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """The link drops mid-command: the loop and its child (which ignores SIGTERM) are dead, and its
+    file still, before the next command runs on the new connection; no pid file is left."""
+    host.pin()
+    transport = SshTransport(target(host))
+    with loop_file(tmp_path) as (path, token):
+        worker = start_loop(transport, path)
+        assert len(processes(token)) >= 2  # the loop and its child
+        assert host.drop_connections() >= 1
+        result = result_of(worker)
+        assert result.rc is None and "lost" in (result.transport_error or ""), result
+        # The drop itself does not end the command: it still runs on the host.
+        assert processes(token)
+        assert_dead_before_next_command(transport, path, token)
+        assert transport.connections == 2
+        assert pid_files(tmp_path) == []
+
+
+def test_a_command_given_up_at_its_deadline_is_killed_before_the_next_command(
+    host: SshHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The farm stops waiting (its deadline passes before the host's `timeout` fires): the command
+    is killed the same way before the next one, on the same connection."""
+    host.pin()
+    transport = SshTransport(target(host), kill_after=5)
+    with loop_file(tmp_path) as (path, token):
+        with monkeypatch.context() as patch:
+            # The farm's deadline 1.5 s after the start, long before the remote `timeout` (35 s).
+            patch.setattr(ssh_module, "DEADLINE_SLACK", 1.5 - 30 - 5)
+            result = result_of(start_loop(transport, path, timeout=30))
+        assert result.timed_out and result.rc is None, result
+        assert processes(token)
+        assert_dead_before_next_command(transport, path, token)
+        assert transport.connections == 1
+        assert pid_files(tmp_path) == []
+
+
+def test_a_cleanup_that_cannot_be_confirmed_fails_the_next_command(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """While the leftovers cannot be confirmed dead, no command runs: the next `run` is a clear
+    transport_error; once the host lets the farm clean up, the leftovers die and commands run."""
+    host.pin()
+    transport = SshTransport(target(host))
+    marker = tmp_path / "next-command-ran"
+    with loop_file(tmp_path) as (path, token):
+        worker = start_loop(transport, path)
+        host.drop_connections()
+        assert "lost" in (result_of(worker).transport_error or "")
+        # The farm's folder on the host is no longer its own: the clean-up cannot be trusted.
+        folder = command_dir(tmp_path)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chown(folder, 65534, 65534)
+        for _ in range(2):
+            refused = run(transport, ["touch", str(marker)])
+            assert isinstance(refused, CommandResult)
+            assert refused.rc is None and refused.transport_error, refused
+            assert "leftovers of an earlier command" in refused.transport_error
+            assert "may still run" in refused.transport_error
+            assert not marker.exists()
+        assert processes(token)
+        os.chown(folder, os.getuid(), os.getgid())
+        assert_dead_before_next_command(transport, path, token)
+        assert run(transport, ["touch", str(marker)]).rc == 0  # type: ignore[attr-defined]
+        assert marker.exists()
+
+
+def test_an_unreachable_host_after_a_drop_fails_the_next_command(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """The host cannot be reached again after the drop: the next `run` says that leftovers of the
+    earlier command may still run there, not merely that the host is unreachable."""
+    host.pin()
+    transport = SshTransport(target(host), connect_timeout=3)
+    with loop_file(tmp_path) as (path, _token):
+        worker = start_loop(transport, path)
+        host.drop_connections()
+        assert "lost" in (result_of(worker).transport_error or "")
+        host.stop()
+        refused = run(transport, ["true"])
+        assert isinstance(refused, CommandResult)
+        assert refused.rc is None and refused.transport_error, refused
+        assert "leftovers of an earlier command" in refused.transport_error
+        assert "may still run" in refused.transport_error
+        assert "cannot connect" in refused.transport_error
+
+
+def test_normal_commands_run_in_a_recorded_group_and_leave_no_pid_file(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """While a command runs, one pid file names its process group; after it ends (exit 0, exit 7,
+    a failed cd, the remote timeout, the farm's own reads) none is left."""
+    host.pin()
+    transport = SshTransport(target(host))
+    folder = command_dir(tmp_path)
+    script = (
+        'for f in "$1"/*.pid; do read -r g rest < "$f"; echo "$g"; done; '
+        "ps -o pgid= -p $$ | tr -d ' '"
+    )
+    seen = run(transport, ["sh", "-c", script, "sh", str(folder)])
+    assert isinstance(seen, CommandResult) and seen.rc == 0, seen
+    recorded, own = seen.stdout.text().split()
+    assert recorded == own
+    assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
+    assert pid_files(tmp_path) == []
+    assert run(transport, ["sh", "-c", "exit 7"]).rc == 7  # type: ignore[attr-defined]
+    assert run(transport, ["true"], cwd=str(tmp_path / "missing")).rc not in (0, None)  # type: ignore[attr-defined]
+    timed_out = run(transport, ["sleep", "30"], timeout=1)
+    assert timed_out.timed_out and timed_out.transport_error is None  # type: ignore[attr-defined]
+    (tmp_path / "f").write_text("x")
+    assert transport.read_file(str(tmp_path / "f"), limit=10) == b"x"
+    assert transport.list_dir(str(tmp_path / "remote-tmp")) == [folder.name]
+    assert transport.host_environment()["TMPDIR"] == str(tmp_path / "remote-tmp")
+    assert pid_files(tmp_path) == []
+
+
+def test_a_command_given_up_before_it_started_never_starts(
+    host: SshHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command the farm gave up before its pid file was written (the request may still reach the
+    host later) is fenced off: the clean-up leaves a tombstone under its id, and should the command
+    arrive after all, it refuses to start (a transport_error) instead of running unseen."""
+    host.pin()
+    transport = SshTransport(target(host))
+    late = "0123456789abcdef"
+    transport._leftovers[late] = "touch (given up before it started)"
+    assert run(transport, ["true"]).rc == 0  # type: ignore[attr-defined]
+    assert transport.leftovers == ()
+    assert pid_files(tmp_path) == [f"{late}.pid"]
+    # The request arrives after all.
+    marker = tmp_path / "late-command-ran"
+    monkeypatch.setattr(ssh_module, "_new_command_id", lambda: late)
+    arrived = run(transport, ["touch", str(marker)])
+    assert isinstance(arrived, CommandResult)
+    assert arrived.rc is None and "given up before it started" in (arrived.transport_error or "")
+    assert not marker.exists()
+    assert pid_files(tmp_path) == []
