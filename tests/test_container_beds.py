@@ -31,6 +31,8 @@ HOST_RUN_GRADE = [
     c for c in simbed.DEFAULT_WEB_COMMANDS if c not in ("ai-eval-run", "ai-eval-grade")
 ]
 ASSIGNMENTS = {"web": list(simbed.DEFAULT_WEB_COMMANDS), "host": HOST_RUN_GRADE}
+#: Bed commands of an attempt (after enrolment installed the settings the container needs).
+ATTEMPT_COMMANDS = ("ai-eval-reset", "ai-eval-run", "ai-eval-grade")
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +107,18 @@ def _container_ps(approot: Path, command: str) -> list[list[Any]]:
 
 @pytest.mark.parametrize("assignment", ["web", "host"])
 def test_a_sweep_on_container_beds(
-    assignment: str, store: Store, tmp_path: Path, beds_made: list[Path], image: str
+    assignment: str,
+    store: Store,
+    tmp_path: Path,
+    beds_made: list[Path],
+    image: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every attempt ends graded; the settings web commands need reached the container, and the
-    farm listed the container's processes around each run."""
+    """Every attempt ends graded; the settings web commands need reached the container and none
+    of the farm's did, and the farm listed the container's processes around each run."""
+    farm_secrets = {"APG_FARM_DATABASE_URL", "APG_FARM_BROKER_URL", "AWS_SECRET_ACCESS_KEY"}
+    for name in farm_secrets:
+        monkeypatch.setenv(name, "hunter2")
     beds = _container_beds(store, tmp_path, beds_made, image, 2, assignment=assignment)
     sweep_id = submit(store, spec(tasks=2, models=1, trials=2)).sweep_id
     result = EmbeddedExecutor(store, sweep_id).run()
@@ -116,7 +126,7 @@ def test_a_sweep_on_container_beds(
     with store.session() as session:
         outcomes = [a.outcome for a in session.scalars(select(Attempt))]
         executions = list(session.scalars(select(Execution)))
-    assert sorted(set(outcomes)) <= [Outcome.FAILED, Outcome.PASSED] and len(outcomes) == 4
+    assert set(outcomes) <= {Outcome.FAILED, Outcome.PASSED} and len(outcomes) == 4
     for execution in executions:
         names = [p.name for p in _phases(store, execution.id)]
         assert names.index("web_environment") < names.index("processes_before")
@@ -125,9 +135,18 @@ def test_a_sweep_on_container_beds(
         grade = next(p for p in _phases(store, execution.id) if p.name == "grade")
         # AI_PG_NO_IMPORT reached the grade wherever it ran: nothing was stored in Drupal.
         assert "APG_GRADE_NOT_STORED" not in grade.stderr
+    in_container = 0
     for bed in beds:
         config = (Path(bed.approot) / ".ddev" / "config.apg-farm.yaml").read_text()
         assert "AI_PG_NO_IMPORT=1" in config
+        for line in simbed.read_log(Path(bed.approot)):
+            names = set(line.get("env", []))
+            assert not names & farm_secrets, line
+            # Commands of the attempts (after enrolment installed the settings) in the container.
+            if line.get("container") and line.get("command") in ATTEMPT_COMMANDS:
+                in_container += 1
+                assert "AI_PG_NO_IMPORT" in names, line
+    assert in_container > 0
 
 
 @pytest.mark.parametrize("assignment", ["web", "host"])
@@ -180,8 +199,9 @@ def _host_lingers(approot: Path) -> bool:
     return False
 
 
+@pytest.mark.parametrize("assignment", ["web", "host"])
 def test_a_run_timeout_leaves_nothing_running(
-    store: Store, tmp_path: Path, beds_made: list[Path], image: str
+    assignment: str, store: Store, tmp_path: Path, beds_made: list[Path], image: str
 ) -> None:
     """The farm kills the host-side `ddev` at the run timeout; the run itself goes on in the
     container until the farm stops it, before the verify."""
@@ -190,6 +210,7 @@ def test_a_run_timeout_leaves_nothing_running(
         tmp_path,
         beds_made,
         image,
+        assignment=assignment,
         faults={"agent_timeout": True},
         config={"agent_timeout_s": 2000 * 120},
     )
@@ -202,13 +223,31 @@ def test_a_run_timeout_leaves_nothing_running(
     run = next(p for p in phases if p.name == "run")
     assert run.timed_out
     names = [p.name for p in phases]
-    assert "stop_agent" in names and "verify_after" in names, names
+    assert "verify_after" in names, names
+    if assignment == "web":
+        # The run goes on in the container after its `ddev` was killed: the farm stopped it.
+        assert "stop_agent" in names, names
+    assert not _host_lingers_run(Path(bed.approot))
     ps = subprocess.run(
         ["docker", "exec", simbed.container_name(Path(bed.approot)), "ps", "-e", "-o", "args="],
         capture_output=True,
         text=True,
     )
     assert "ai-eval-run" not in ps.stdout
+
+
+def _host_lingers_run(approot: Path) -> bool:
+    """An `ai-eval-run` of this bed still running on the host."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+                cwd = os.readlink(f"/proc/{name}/cwd")
+            except OSError:
+                continue
+            if b"ai-eval-run" in cmdline and cwd == str(approot):
+                return True
+    return False
 
 
 def _short_run() -> Any:

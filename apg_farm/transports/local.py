@@ -57,25 +57,26 @@ class LocalTransport:
         reaper.enable()
         marker = reaper.begin()
         try:
-            proc = subprocess.Popen(
-                (*_DIE_WITH_PARENT, *argv_t),
-                cwd=cwd,
-                # Exactly what was given (nothing of os.environ leaks to the bed), and the marker
-                # by which the command's orphans are found.
-                env={**env, reaper.MARKER: marker},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                # Own session and process group, so the deadline can kill grandchildren too.
-                start_new_session=True,
-            )
+            with reaper.spawning:
+                proc = subprocess.Popen(
+                    (*_DIE_WITH_PARENT, *argv_t),
+                    cwd=cwd,
+                    # Exactly what was given (nothing of os.environ leaks to the bed), and the marker
+                    # by which the command's orphans are found.
+                    env={**env, reaper.MARKER: marker},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    # Own session and process group, so the deadline can kill grandchildren too.
+                    start_new_session=True,
+                )
+                reaper.started(proc.pid)
         except OSError as exc:
             reaper.end(marker, None)
             return _not_started(argv_t, _spawn_error(exc, argv_t[0], cwd), started)
         except ValueError as exc:  # an embedded NUL in argv or env
             reaper.end(marker, None)
             return _not_started(argv_t, f"cannot run {argv_t[0]!r}: {exc}", started)
-        reaper.started(proc.pid)
 
         # Only stderr carries the contract's tokens: its capture keeps those of the omitted middle.
         out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)

@@ -4,8 +4,8 @@ agent started) are still found and killed when the command ends.
 Killing a command's process group misses a process that made a session of its own. On Linux the
 farm process becomes a *child subreaper*: such an orphan is re-parented to it instead of to PID 1.
 Every command carries a marker in its environment; when the command ends, each orphan of this
-process whose environment carries that marker, or carries no marker at all (it cleared its
-environment to hide), is killed with its process group and reaped. Orphans marked by another
+process whose environment carries that marker, or carries none while in a session other than the
+farm's (it cleared its environment to hide), is killed with its process group and reaped. Orphans marked by another
 command still running here are left to that command.
 """
 
@@ -23,6 +23,9 @@ MARKER = "APG_FARM_COMMAND"
 _PR_SET_CHILD_SUBREAPER = 36
 
 _lock = threading.Lock()
+#: Held while a command is being started and while orphans are looked for: a child forked by
+#: another thread but not yet registered (nor exec'd, so not yet marked) is never taken for one.
+spawning = threading.RLock()
 #: Processes this farm process started itself (subprocess owns their exit status).
 _started: set[int] = set()
 #: Markers of the commands running now.
@@ -65,19 +68,21 @@ def end(marker: str, pid: int | None) -> list[int]:
     return reap_orphans(marker)
 
 
-def _children() -> list[int]:
+def _children() -> dict[int, int]:
+    """This process's children and their session ids."""
     me = str(os.getpid()).encode()
-    found = []
+    found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as fh:
+                # state ppid pgrp session ... after the command name's closing parenthesis
                 fields = fh.read().rpartition(b")")[2].split()
         except OSError:
             continue
-        if len(fields) > 1 and fields[1] == me:
-            found.append(int(name))
+        if len(fields) > 3 and fields[1] == me:
+            found[int(name)] = int(fields[3])
     return found
 
 
@@ -98,15 +103,23 @@ def reap_orphans(marker: str) -> list[int]:
     """Kill and reap the orphans `marker`'s command left (and unmarked ones); their pids."""
     if not _enabled:
         return []
+    with spawning:
+        return _reap(marker)
+
+
+def _reap(marker: str) -> list[int]:
     with _lock:
         mine, others = set(_started), set(_live) - {marker}
     own_group = os.getpgid(0)
     killed = []
-    for pid in _children():
+    own_session = os.getsid(0)
+    for pid, session in _children().items():
         if pid in mine:
             continue
         owner = _marker_of(pid)
-        if owner in others:
+        # Another command's, still running; or, unmarked and in the farm's own session, a
+        # process the farm itself started some other way (bed commands get sessions of their own).
+        if owner in others or (owner is None and session == own_session):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             group = os.getpgid(pid)
