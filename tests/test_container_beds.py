@@ -8,7 +8,10 @@ Needs the engine and the image of fixtures/container (`APG_FARM_TEST_BED_IMAGE`,
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +21,11 @@ from sqlalchemy import select
 
 from apg_farm.cli.attacks import CATALOGUE, Attack, run_attack
 from apg_farm.contract import Outcome
-from apg_farm.store import Attempt, Bed, Execution, Phase, Store
+from apg_farm.store import Attempt, Bed, Execution, Phase, Store, requeue_expired
 from fixtures import simbed
 from scheduler import submit
 from tests.simbeds import make_beds, spec
+from tests.test_embedded import faults_are_contained
 from tests.test_quarantine import Operator
 from workers import AttemptEngine, EmbeddedExecutor
 
@@ -297,3 +301,80 @@ def test_every_attack_ends_as_catalogued_on_a_container_bed(
         assert recorded.as_catalogued, recorded
     finally:
         simbed.stop_container(approot)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ["web", "host"])
+def test_faults_are_contained_on_container_beds(
+    assignment: str, store: Store, tmp_path: Path, beds_made: list[Path], image: str
+) -> None:
+    """The faults test of tests/test_embedded.py (reset failure, tampering agent, adapter failure,
+    a skipped task, on a 5-bed pool) on container beds."""
+    try:
+        faults_are_contained(
+            store, tmp_path, image=image, config={"web_commands": ASSIGNMENTS[assignment]}
+        )
+    finally:
+        beds_made.extend(p for p in (tmp_path / "beds").iterdir() if p.is_dir())
+
+
+def test_a_sigkilled_worker_leaves_nothing_running(
+    tmp_path: Path, beds_made: list[Path], image: str
+) -> None:
+    """A worker process SIGKILLed mid-run takes its host-side `ddev` with it, not what the agent
+    runs in the container. The bed's next attempt restarts the web container first."""
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    store = Store(url)
+    [bed] = _container_beds(
+        store,
+        tmp_path,
+        beds_made,
+        image,
+        faults={"linger": {"delay": 60 * 2000}, "agent_timeout": True},
+        config={"agent_timeout_s": 2000 * 300},
+    )
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    worker = (
+        "import sys\n"
+        "from apg_farm.store import Store\n"
+        "from workers import AttemptEngine\n"
+        "engine = AttemptEngine(Store(sys.argv[1]), sys.argv[2], worker='victim', lease_seconds=2)\n"
+        "engine.run_next(sweep_id=int(sys.argv[3]))\n"
+    )
+    victim = subprocess.Popen(
+        [sys.executable, "-c", worker, url, bed.name, str(sweep_id)], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _ran(store):
+            time.sleep(0.1)
+        assert _ran(store), "the victim never reached its run"
+        time.sleep(0.5)
+    finally:
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+    approot = Path(bed.approot)
+    name = simbed.container_name(approot)
+    before = subprocess.run(
+        ["docker", "exec", name, "ps", "-e", "-o", "args="], capture_output=True, text=True
+    ).stdout
+    assert "apg-sim-linger" in before, "the agent should outlive its killed worker"
+    time.sleep(2.5)
+    assert requeue_expired(store) == 1
+    simbed.write_faults(approot, {})
+    report = AttemptEngine(store, bed.name, worker="next").run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome in (Outcome.PASSED, Outcome.FAILED)
+    names = [p.name for p in _phases(store, report.claim.execution_id)]
+    assert names[:3] == ["escrow_check", "ddev_check", "restart"], names
+    for seen in _container_ps(approot, "ai-eval-reset")[-1:]:
+        assert not any("apg-sim-linger" in " ".join(map(str, p)) for p in seen), seen
+    after = subprocess.run(
+        ["docker", "exec", name, "ps", "-e", "-o", "args="], capture_output=True, text=True
+    ).stdout
+    assert "apg-sim-linger" not in after and "ai-eval-run" not in after
+    store.dispose()
+
+
+def _ran(store: Store) -> bool:
+    with store.session() as session:
+        return session.scalar(select(Phase.id).where(Phase.name == "processes_before")) is not None

@@ -6,6 +6,7 @@ import itertools
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 
@@ -97,11 +98,17 @@ def test_sweep_gives_every_attempt_one_outcome_and_report_agrees(
 
 def test_faults_are_contained_and_counts_reconcile(store: Store, tmp_path: Path) -> None:
     """Reset failure, tampering agent, adapter failure and a skipped task on a 5-bed pool."""
+    faults_are_contained(store, tmp_path)
+
+
+def faults_are_contained(store: Store, tmp_path: Path, **options: Any) -> None:
+    """The faults test on beds made with `options` (make_beds' options: container beds too)."""
     beds = make_beds(
         store,
         tmp_path,
         5,
         faults={0: {"reset_fail": True}, 1: {"tamper": True}, 2: {"adapter_fail": True}},
+        **options,
     )
     tasks = ["dv01_view_build", "cv01_canvas_home", "nx01_prose_only"]
     sweep_id = submit(store, spec(task_ids=tasks, trials=3)).sweep_id
