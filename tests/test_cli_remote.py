@@ -42,6 +42,7 @@ def test_remote_bed_from_add_to_a_refused_doctor(tmp_path: Path) -> None:
                 str(host.known_hosts),
                 "--env",
                 f"AI_PG_ESCROW_DIR={escrow_dir}",
+                "--host-only",  # the simulated bed in its host mode: no web container
                 "--docker-host",
                 engine.url,
             ]

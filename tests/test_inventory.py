@@ -97,6 +97,8 @@ def test_apply_adds_updates_and_removes_beds_local_and_remote(store: Store, tmp_
         local = _local_beds(tmp_path / "local", ["l1", "l2"])
         remote = _local_beds(tmp_path / "remote", ["r1"])
         inventory = {
+            # Simulated beds in their host mode: no web container.
+            "defaults": {"host_only": True},
             "hosts": {
                 "web-01": {
                     "ssh": host.ssh,

@@ -396,7 +396,17 @@ def test_bed_doctor_cli_against_the_real_engine(tmp_path: Path, run_web: Runner)
     subprocess.run([str(ddev), "ai-eval-provision"], **run)  # type: ignore[call-overload]
     printed = subprocess.run([str(ddev), "ai-eval-escrow"], **run)  # type: ignore[call-overload]
     escrow_set = printed.stdout.strip().splitlines()[-1]
-    add = ["--approot", str(approot), "--ddev", str(ddev), "--escrow-set", escrow_set]
+    # --host-only: the simulated bed's commands run on the host; the container the check finds is
+    # the test's own, labelled as DDEV labels a web container.
+    add = [
+        "--approot",
+        str(approot),
+        "--ddev",
+        str(ddev),
+        "--escrow-set",
+        escrow_set,
+        "--host-only",
+    ]
     farm(home, "bed", "add", name, *add)
     # Not started yet: said so, not refused.
     waiting = farm(home, "bed", "doctor", name)

@@ -70,7 +70,7 @@ class LocalTransport:
                     # Own session and process group, so the deadline can kill grandchildren too.
                     start_new_session=True,
                 )
-                reaper.started(proc.pid)
+                reaper.started(marker, proc.pid)
         except OSError as exc:
             reaper.end(marker, None)
             return _not_started(argv_t, _spawn_error(exc, argv_t[0], cwd), started)

@@ -28,8 +28,8 @@ _lock = threading.Lock()
 spawning = threading.RLock()
 #: Processes this farm process started itself (subprocess owns their exit status).
 _started: set[int] = set()
-#: Markers of the commands running now.
-_live: set[str] = set()
+#: Markers of the commands running now, with their start (clock ticks since boot).
+_live: dict[str, int] = {}
 _enabled: bool | None = None
 
 
@@ -50,39 +50,46 @@ def begin() -> str:
     """A marker for a command about to start."""
     marker = uuid.uuid4().hex
     with _lock:
-        _live.add(marker)
+        _live[marker] = 0
     return marker
 
 
-def started(pid: int) -> None:
+def started(marker: str, pid: int) -> None:
+    """The command's process exists: orphans without a marker must have started after it."""
+    stat = _stat(pid)
     with _lock:
         _started.add(pid)
+        _live[marker] = stat[2] if stat else 0
 
 
 def end(marker: str, pid: int | None) -> list[int]:
     """The command is over (its own process collected): kill and reap what it left behind."""
     with _lock:
-        _live.discard(marker)
+        since = _live.pop(marker, 0)
         if pid is not None:
             _started.discard(pid)
-    return reap_orphans(marker)
+    return reap_orphans(marker, since=since)
 
 
-def _children() -> dict[int, int]:
-    """This process's children and their session ids."""
-    me = str(os.getpid()).encode()
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, session, start time in clock ticks since boot) of a process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            # After the command name's closing parenthesis: state ppid pgrp session ... and the
+            # start time as the 20th field.
+            fields = fh.read().rpartition(b")")[2].split()
+        return int(fields[1]), int(fields[3]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _children() -> dict[int, tuple[int, int]]:
+    """This process's children: pid -> (session, start time)."""
+    me = os.getpid()
     found = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                # state ppid pgrp session ... after the command name's closing parenthesis
-                fields = fh.read().rpartition(b")")[2].split()
-        except OSError:
-            continue
-        if len(fields) > 3 and fields[1] == me:
-            found[int(name)] = int(fields[3])
+        if name.isdigit() and (stat := _stat(int(name))) and stat[0] == me:
+            found[int(name)] = (stat[1], stat[2])
     return found
 
 
@@ -99,27 +106,30 @@ def _marker_of(pid: int) -> str | None:
     return None
 
 
-def reap_orphans(marker: str) -> list[int]:
-    """Kill and reap the orphans `marker`'s command left (and unmarked ones); their pids."""
+def reap_orphans(marker: str, *, since: int) -> list[int]:
+    """Kill and reap the orphans `marker`'s command left, and unmarked ones in a session of their
+    own that started after the command (`since`, clock ticks); their pids."""
     if not _enabled:
         return []
     with spawning:
-        return _reap(marker)
+        return _reap(marker, since)
 
 
-def _reap(marker: str) -> list[int]:
+def _reap(marker: str, since: int) -> list[int]:
     with _lock:
         mine, others = set(_started), set(_live) - {marker}
     own_group = os.getpgid(0)
     killed = []
     own_session = os.getsid(0)
-    for pid, session in _children().items():
+    for pid, (session, start) in _children().items():
         if pid in mine:
             continue
         owner = _marker_of(pid)
-        # Another command's, still running; or, unmarked and in the farm's own session, a
-        # process the farm itself started some other way (bed commands get sessions of their own).
-        if owner in others or (owner is None and session == own_session):
+        if owner in others:
+            continue  # another command's, still running
+        # Unmarked: it cleared its environment, or the farm started it some other way. Only one
+        # in a session of its own that started after the command is taken for the command's.
+        if owner is None and (session == own_session or start < since or not since):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             group = os.getpgid(pid)
