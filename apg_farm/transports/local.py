@@ -54,7 +54,6 @@ class LocalTransport:
         if problem:
             return _not_started(argv_t, problem, started)
         # Orphans that leave the command's session (a setsid daemon) come back to this process.
-        reaper.enable()
         marker = reaper.begin()
         try:
             with reaper.spawning:

@@ -2,7 +2,8 @@
 agent started) are still found and killed when the command ends.
 
 Killing a command's process group misses a process that made a session of its own. On Linux the
-farm process becomes a *child subreaper*: such an orphan is re-parented to it instead of to PID 1.
+farm process is a *child subreaper* while bed commands run: such an orphan is re-parented to it
+instead of to PID 1.
 Every command carries a marker in its environment; when the command ends, each orphan of this
 process whose environment carries that marker, or carries none while in a session other than the
 farm's (it cleared its environment to hide), is killed with its process group and reaped. Orphans marked by another
@@ -30,26 +31,26 @@ spawning = threading.RLock()
 _started: set[int] = set()
 #: Markers of the commands running now, with their start (clock ticks since boot).
 _live: dict[str, int] = {}
-_enabled: bool | None = None
+_enabled = False
 
 
-def enable() -> bool:
-    """Make this process a child subreaper (once); False where the kernel does not offer it."""
-    global _enabled
-    with _lock:
-        if _enabled is None:
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                _enabled = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-            except (OSError, AttributeError):
-                _enabled = False
-        return _enabled
+def _subreaper(on: bool) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def begin() -> str:
     """A marker for a command about to start."""
+    global _enabled
     marker = uuid.uuid4().hex
-    with _lock:
+    with spawning, _lock:
+        if not _live:
+            # A subreaper only while bed commands run: what other parts of the farm (or its
+            # tests) orphan at other times still goes to PID 1, which reaps it.
+            _enabled = _subreaper(True)
         _live[marker] = 0
     return marker
 
@@ -64,11 +65,19 @@ def started(marker: str, pid: int) -> None:
 
 def end(marker: str, pid: int | None) -> list[int]:
     """The command is over (its own process collected): kill and reap what it left behind."""
+    global _enabled
     with _lock:
-        since = _live.pop(marker, 0)
+        since = _live.get(marker, 0)
         if pid is not None:
             _started.discard(pid)
-    return reap_orphans(marker, since=since)
+    try:
+        return reap_orphans(marker, since=since)
+    finally:
+        with spawning, _lock:
+            _live.pop(marker, None)
+            if not _live and _enabled:
+                _subreaper(False)
+                _enabled = False
 
 
 def _stat(pid: int) -> tuple[int, int, int] | None:
