@@ -299,3 +299,10 @@ def test_a_changed_ddev_configuration() -> None:
     assert judge_ddev_check(out(0, argv=hashing), changes=[], after_run=True).action == "continue"
     link = judge_ddev_check(out(None, transport_error="reset"), changes=None, after_run=True)
     assert link.action == "retry"
+
+
+def test_a_flood_of_token_lines_quarantines_the_bed() -> None:
+    """Token lines pushed out of the kept stderr may hide a leak: the bed is quarantined."""
+    verdict = judge_run(out(0), run_recorded=True, tokens_dropped=3)
+    assert verdict.action == "continue" and "revoke the token" in (verdict.quarantine or "")
+    assert judge_run(out(0), run_recorded=True).quarantine is None

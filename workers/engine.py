@@ -385,6 +385,7 @@ class _Attempt:
         self._record_refused = False
         #: runs/ held more names than a listing returns: new folders cannot be told apart.
         self._runs_truncated = False
+        self._run_jsons: dict[str, dict[str, object] | None] = {}
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
@@ -680,11 +681,11 @@ class _Attempt:
             printed=contract.printed_run_ids(result.stdout.text()),
             before=before,
             after=after,
-            read_run_json=lambda run_id: self._read_run_json(runs, run_id),
+            read_run_json=lambda run_id: self._run_json(runs, run_id),
         )
         self.run_id = found.run_id or self._own_candidate(runs, found.candidates)
         if self.run_id is not None:
-            self.record = contract.run_record(self._read_run_json(runs, self.run_id) or {})
+            self.record = contract.run_record(self._run_json(runs, self.run_id) or {})
         # A new run folder means the adapter ran, even when its id cannot be told apart (several
         # folders, an unreadable run.json): then the live site is graded without --run.
         verdict = judge_run(
@@ -714,9 +715,15 @@ class _Attempt:
         own = [
             c
             for c in candidates
-            if contract.run_record(self._read_run_json(runs, c) or {}).model == self.claim.model
+            if contract.run_record(self._run_json(runs, c) or {}).model == self.claim.model
         ]
         return own[0] if len(own) == 1 else None
+
+    def _run_json(self, runs: str, run_id: str) -> dict[str, object] | None:
+        """run.json of a run folder, read once per attempt (over SSH each read is a round trip)."""
+        if run_id not in self._run_jsons:
+            self._run_jsons[run_id] = self._read_run_json(runs, run_id)
+        return self._run_jsons[run_id]
 
     def _read_run_json(self, runs: str, run_id: str) -> dict[str, object] | None:
         data = self.engine.transport.read_file(f"{runs}/{run_id}/run.json", limit=RUN_JSON_LIMIT)
