@@ -281,7 +281,7 @@ def test_a_bed_whose_agent_was_not_confirmed_stopped_is_restarted_first(
     second = AttemptEngine(store, bed.name, worker="next").run_next(sweep_id=sweep_id)
     assert second is not None
     names = [p.name for p in _phases(store, second.claim.execution_id)]
-    assert names[:3] == ["escrow_check", "ddev_check", "restart"], names
+    assert names[:4] == ["escrow_check", "ddev_check", "stop_strays", "restart"], names
     for seen in _container_ps(approot, "ai-eval-reset")[-1:]:
         assert not any("apg-sim-linger" in " ".join(map(str, p)) for p in seen), seen
 
@@ -318,11 +318,15 @@ def test_faults_are_contained_on_container_beds(
         beds_made.extend(p for p in (tmp_path / "beds").iterdir() if p.is_dir())
 
 
+@pytest.mark.parametrize("assignment", ["web", "host"])
 def test_a_sigkilled_worker_leaves_nothing_running(
-    tmp_path: Path, beds_made: list[Path], image: str
+    assignment: str, tmp_path: Path, beds_made: list[Path], image: str
 ) -> None:
     """A worker process SIGKILLed mid-run takes its host-side `ddev` with it, not what the agent
-    runs in the container. The bed's next attempt restarts the web container first."""
+    started: a daemon in the web container (ai-eval-run a web command) or a `setsid` daemon on
+    the host (ai-eval-run a host command; the worker, its reaper, died). The bed's next attempt
+    kills the host's strays and restarts the web container first: the agent's last heartbeat is
+    older than the next verification, and nothing of it runs afterwards."""
     url = f"sqlite:///{tmp_path / 'farm.db'}"
     store = Store(url)
     [bed] = _container_beds(
@@ -330,6 +334,7 @@ def test_a_sigkilled_worker_leaves_nothing_running(
         tmp_path,
         beds_made,
         image,
+        assignment=assignment,
         faults={"linger": {"delay": 60 * 2000}, "agent_timeout": True},
         config={"agent_timeout_s": 2000 * 300},
     )
@@ -344,35 +349,56 @@ def test_a_sigkilled_worker_leaves_nothing_running(
     victim = subprocess.Popen(
         [sys.executable, "-c", worker, url, bed.name, str(sweep_id)], start_new_session=True
     )
+    approot = Path(bed.approot)
+    beats = approot / simbed.SIM_DIR / "linger.log"
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not _ran(store):
+        while time.monotonic() < deadline and not beats.exists():
             time.sleep(0.1)
-        assert _ran(store), "the victim never reached its run"
-        time.sleep(0.5)
+        assert beats.exists(), "the victim's agent never started its daemon"
     finally:
         os.killpg(victim.pid, signal.SIGKILL)
         victim.wait()
-    approot = Path(bed.approot)
-    name = simbed.container_name(approot)
-    before = subprocess.run(
-        ["docker", "exec", name, "ps", "-e", "-o", "args="], capture_output=True, text=True
-    ).stdout
-    assert "apg-sim-linger" in before, "the agent should outlive its killed worker"
-    time.sleep(2.5)
+    size = beats.stat().st_size
+    time.sleep(0.5)
+    assert beats.stat().st_size > size, "the agent's daemon should outlive its killed worker"
+    time.sleep(2.0)
     assert requeue_expired(store) == 1
     simbed.write_faults(approot, {})
     report = AttemptEngine(store, bed.name, worker="next").run_next(sweep_id=sweep_id)
     assert report is not None and report.outcome in (Outcome.PASSED, Outcome.FAILED)
-    names = [p.name for p in _phases(store, report.claim.execution_id)]
-    assert names[:3] == ["escrow_check", "ddev_check", "restart"], names
-    for seen in _container_ps(approot, "ai-eval-reset")[-1:]:
-        assert not any("apg-sim-linger" in " ".join(map(str, p)) for p in seen), seen
-    after = subprocess.run(
-        ["docker", "exec", name, "ps", "-e", "-o", "args="], capture_output=True, text=True
+    phases = _phases(store, report.claim.execution_id)
+    names = [p.name for p in phases]
+    assert names[:4] == ["escrow_check", "ddev_check", "stop_strays", "restart"], names
+    verify = next(p for p in phases if p.name == "verify_before")
+    last_beat = float(beats.read_text().splitlines()[-1].split()[0])
+    assert last_beat < verify.started_at.timestamp(), "the agent still ran during verification"
+    size = beats.stat().st_size
+    time.sleep(0.3)
+    assert beats.stat().st_size == size
+    assert not _host_processes("apg-sim-linger", str(approot))
+    inside = subprocess.run(
+        ["docker", "exec", simbed.container_name(approot), "ps", "-e", "-o", "args="],
+        capture_output=True,
+        text=True,
     ).stdout
-    assert "apg-sim-linger" not in after and "ai-eval-run" not in after
+    assert "apg-sim-linger" not in inside and "ai-eval-run" not in inside
     store.dispose()
+
+
+def _host_processes(*needles: str) -> list[int]:
+    """Live processes on this host whose command line holds every one of `needles`."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if name.isdigit() and state not in (b"Z", b"X"):
+            if all(n.encode() in cmdline for n in needles):
+                found.append(int(name))
+    return found
 
 
 def _ran(store: Store) -> bool:

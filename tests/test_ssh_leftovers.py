@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from apg_farm.transports import CommandResult
+from apg_farm.transports import CommandResult, stopped_count, stray_argv
 from apg_farm.transports import ssh as ssh_module
 from apg_farm.transports.ssh import SshTransport
 from tests.sshd import SshHost, start_sshd
@@ -273,3 +273,88 @@ def test_a_command_given_up_before_it_started_never_starts(
     assert arrived.rc is None and "given up before it started" in (arrived.transport_error or "")
     assert not marker.exists()
     assert pid_files(tmp_path) == []
+
+
+#: A command that leaves a daemon in a session of its own (out of its process group and session,
+#: which is all the host's `timeout` and the settling of lost commands used to reach), then loops.
+#: $1 is the file; $2 "exit" makes the command end at once, leaving only the daemon.
+DAEMON = (
+    'setsid sh -c \'while :; do echo daemon >> "$1"; sleep 0.05; done\' sh "$1" & '
+    '[ "$2" = exit ] && exit 0; while :; do echo parent >> "$1"; sleep 0.05; done'
+)
+
+
+def start_daemon(
+    transport: SshTransport, path: Path, cwd: Path, *, leave: bool = False
+) -> threading.Thread:
+    """Run DAEMON in a thread (its result in thread.result) until the daemon writes."""
+    argv = ["sh", "-c", DAEMON, "sh", str(path), "exit" if leave else "stay"]
+    thread = threading.Thread(
+        target=lambda: setattr(thread, "result", run(transport, argv, cwd=str(cwd), timeout=60)),
+        daemon=True,
+    )
+    thread.start()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if "daemon" in (path.read_text() if path.exists() else ""):
+            return thread
+        time.sleep(0.05)
+    raise AssertionError("the daemon did not start on the host")
+
+
+def test_a_setsid_daemon_of_a_command_that_ended_is_killed_with_it(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """A command that ends normally after starting a daemon in a session of its own: the daemon
+    carries the command's marker, and the wrapper kills it when the command ends."""
+    host.pin()
+    transport = SshTransport(target(host))
+    with loop_file(tmp_path) as (path, token):
+        result = result_of(start_daemon(transport, path, tmp_path, leave=True))
+        assert result.rc == 0 and result.transport_error is None, result
+        assert processes(token) == []
+        assert_dead_before_next_command(transport, path, token)
+
+
+def test_a_setsid_daemon_of_a_dropped_command_is_killed_before_the_next_command(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """The link drops while a command and the daemon it started in a session of its own run: both
+    are dead before the next command, found by the marker in their environment."""
+    host.pin()
+    transport = SshTransport(target(host))
+    with loop_file(tmp_path) as (path, token):
+        worker = start_daemon(transport, path, tmp_path)
+        assert host.drop_connections() >= 1
+        result = result_of(worker)
+        assert result.rc is None and "lost" in (result.transport_error or ""), result
+        assert len(processes(token)) >= 2  # the command and its daemon
+        assert_dead_before_next_command(transport, path, token)
+        assert pid_files(tmp_path) == []
+
+
+def test_what_a_dead_workers_command_left_is_stopped_by_the_stray_sweep(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """The worker that sent a command died (its transport, and its list of leftovers, gone): a new
+    transport's stray sweep of the same bed (same approot) kills the command and its daemon, and
+    nothing of another bed."""
+    host.pin()
+    bed, other = tmp_path / "bed", tmp_path / "other-bed"
+    bed.mkdir()
+    other.mkdir()
+    dead = SshTransport(target(host))
+    with loop_file(tmp_path) as (path, token), loop_file(tmp_path) as (kept, kept_token):
+        start_daemon(dead, path, bed)
+        start_daemon(SshTransport(target(host)), kept, other)
+        assert host.drop_connections() >= 2  # the workers' links go with them
+        assert len(processes(token)) >= 2
+        fresh = SshTransport(target(host))
+        swept = run(fresh, list(stray_argv(str(bed))), cwd=str(bed))
+        assert isinstance(swept, CommandResult)
+        assert swept.rc == 0, swept
+        assert (stopped_count(swept.stdout.text()) or 0) >= 2, swept.stdout.text()
+        assert processes(token) == []
+        assert len(processes(kept_token)) >= 2, "another bed's command must be left alone"
+        again = run(fresh, list(stray_argv(str(bed))), cwd=str(bed))
+        assert isinstance(again, CommandResult) and stopped_count(again.stdout.text()) == 0

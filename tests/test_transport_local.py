@@ -102,7 +102,7 @@ def test_environment_is_exactly_the_given_one(monkeypatch: pytest.MonkeyPatch) -
     seen = dict(line.split("=", 1) for line in result.stdout.text().splitlines())
     # Plus the marker by which the command's orphans are found (a random id, no secret).
     marker = seen.pop(reaper.MARKER)
-    assert seen == env and len(marker) == 32
+    assert seen == env and len(marker) == 16 + 1 + 32
     assert b"secret" not in result.stdout.data
 
 

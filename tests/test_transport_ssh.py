@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import threading
 import time
@@ -22,6 +23,7 @@ from apg_farm.transports.ssh import (
     parse_ssh_address,
     remote_command,
 )
+from apg_farm.transports.strays import MARKER
 from tests.sshd import SshHost, keygen, start_sshd
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -135,8 +137,10 @@ def test_command_gets_exactly_the_given_environment(host: SshHost) -> None:
     host.pin()
     transport = SshTransport(target(host))
     result = run(transport, ["env"], env={"PATH": PATH, "NO_COLOR": "1"})
-    names = {line.split("=", 1)[0] for line in result.stdout.text().splitlines()}  # type: ignore[attr-defined]
-    assert names == {"PATH", "NO_COLOR"}
+    seen = dict(line.split("=", 1) for line in result.stdout.text().splitlines())  # type: ignore[attr-defined]
+    # Plus the marker by which what the command leaves running is found: the bed, the command.
+    assert re.fullmatch(r"[0-9a-f]{16}\.[0-9a-f]{16}", seen.pop(MARKER, ""))
+    assert set(seen) == {"PATH", "NO_COLOR"}
     # The host's own login environment is read separately, for the allow-list's PATH and HOME.
     login = transport.host_environment()
     assert login["PATH"] == PATH and "SSH_CONNECTION" in login

@@ -79,6 +79,8 @@ from apg_farm.transports import (
     ListingFailed,
     Transport,
     host_environment,
+    stopped_count,
+    stray_argv,
     transport_for,
 )
 from workers.agent_stop import (
@@ -490,6 +492,8 @@ class _Attempt:
         """Kill what was not running before the run, until nothing is left: the agent is stopped
         before verification and stays stopped through grading."""
         if not self.bed.web_container:
+            # The run's command ended under this process: its transport killed what it left.
+            self._mark_agent_stopped(True)
             return CONTINUE
         earlier: dict[int, tuple[int, str]] | None = None
         for _ in range(ROUNDS + 1):
@@ -513,8 +517,20 @@ class _Attempt:
 
     def _restart_if_agent_unstopped(self) -> Verdict:
         """A bed whose last run ended without its agent confirmed stopped (the worker died, the
-        link dropped) has its web container restarted before anything else runs there."""
-        if not self.bed.web_container or self.bed.agent_stopped:
+        link dropped) first has what earlier commands left on its host killed (strays.py), then
+        its web container restarted, before anything else runs there."""
+        if self.bed.agent_stopped:
+            return CONTINUE
+        argv = stray_argv(self.bed.approot)
+        output, result = self._phase_result("stop_strays", argv, self.claim.spec.timeouts.verify)
+        if output.exit_code != 0 or stopped_count(result.stdout.text()) is None:
+            reason = (
+                f"what an earlier run left on the bed's host could not be stopped "
+                f"(exit {output.exit_code})"
+            )
+            return Verdict("retry", reason, quarantine=f"{reason}: look for its processes")
+        if not self.bed.web_container:
+            self._mark_agent_stopped(True)
             return CONTINUE
         output = self._phase(
             "restart", contract.restart(self.bed.ddev), self.claim.spec.timeouts.reset
@@ -666,9 +682,8 @@ class _Attempt:
         argv = contract.run(
             bed.ddev, claim.task, agent=spec.agent, dataset=spec.dataset, model=claim.model
         )
-        if bed.web_container:
-            # Until its processes are confirmed gone, the next attempt here restarts the container.
-            self._mark_agent_stopped(False)
+        # Until its processes are confirmed gone, the next attempt here looks for them first.
+        self._mark_agent_stopped(False)
         output, result = self._phase_result("run", argv, spec.timeouts.run)
         try:
             after, broken = self._list_runs(runs), None

@@ -21,6 +21,7 @@ from apg_farm.transports.base import (
     Transport,
 )
 from apg_farm.transports.local import LocalTransport
+from apg_farm.transports.strays import stopped_count, stray_argv
 from apg_farm.transports.token_lines import ANSI_ESCAPE, TOKEN_LINE
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ _SSH_NAMES = frozenset(
         "SshTarget",
         "SshTransport",
         "parse_ssh_address",
+        "stopped_count",
+        "stray_argv",
         "target_of",
     }
 )
@@ -126,6 +129,8 @@ __all__ = [
     "Transport",
     "host_environment",
     "parse_ssh_address",
+    "stopped_count",
+    "stray_argv",
     "target_of",
     "transport_for",
     "transport_in_use",

@@ -54,7 +54,7 @@ class LocalTransport:
         if problem:
             return _not_started(argv_t, problem, started)
         # Orphans that leave the command's session (a setsid daemon) come back to this process.
-        marker = reaper.begin()
+        marker = reaper.begin(cwd)
         try:
             with reaper.spawning:
                 proc = subprocess.Popen(

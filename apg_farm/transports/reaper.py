@@ -19,8 +19,8 @@ import signal
 import threading
 import uuid
 
-#: The environment variable that marks a bed command's processes.
-MARKER = "APG_FARM_COMMAND"
+from apg_farm.transports.strays import MARKER, marker_for
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 _lock = threading.Lock()
@@ -42,10 +42,10 @@ def _subreaper(on: bool) -> bool:
         return False
 
 
-def begin() -> str:
-    """A marker for a command about to start."""
+def begin(cwd: str) -> str:
+    """A marker for a command about to start in `cwd` (its bed's approot: see strays.py)."""
     global _enabled
-    marker = uuid.uuid4().hex
+    marker = marker_for(cwd, uuid.uuid4().hex)
     with spawning, _lock:
         if not _live:
             # A subreaper only while bed commands run: what other parts of the farm (or its

@@ -45,6 +45,7 @@ import paramiko
 from apg_farm.errors import BadInput, FarmError
 from apg_farm.transports.base import LIST_LIMIT, Captured, CommandResult, Listing, ListingFailed
 from apg_farm.transports.capture import BoundedCapture
+from apg_farm.transports.strays import MARKER, marker_for
 
 #: Seconds the remote `timeout` waits after SIGTERM before it sends SIGKILL.
 KILL_AFTER = 5
@@ -91,6 +92,15 @@ _LIST_SCRIPT = (
     'if [ ! -x "$up" ]; then echo "$up: permission denied" >&2; exit 4; fi; '
     "exit 3; fi; done; exit 3"
 )
+#: Runs {each} with $p set to each process whose environment carries the marker of one of the
+#: commands {ids} (an alternation of ids): see apg_farm/transports/strays.py.
+_MARKED = (
+    f'for e in $(grep -l -s -z -E "^{MARKER}=[0-9a-f]+\\.({{ids}})\\$" /proc/[0-9]*/environ); do '
+    "p=${{e#/proc/}}; p=${{p%/environ}}; "
+    # A zombie (killed, not yet reaped) may still show its environment: it is dead already.
+    'read -r l 2>/dev/null < "/proc/$p/stat" || continue; case ${{l##*) }} in Z*|X*) continue;; esac; '
+    "{each}; done; "
+)
 #: Sets state, pgrp, sid and start (clock ticks after boot) from /proc/<pid>/stat of process $1.
 _PROC_INFO = (
     'info() { read -r l 2>/dev/null < "/proc/$1/stat" || return 1; l=${l##*) }; '
@@ -125,7 +135,9 @@ _WRAPPER = (
     'echo "$m setsid (util-linux) is not installed on the host" >&2; exit 125; fi; '
     'f="$d/$n.pid"; cd "$c" || exit; '
     f'setsid sh -c \'{_LEADER}\' apg-farm-cmd "$n" "$f" "$@"; s=$?; '
-    'g=; read -r g x 2>/dev/null < "$f"; '
+    # What left the command's session (a setsid daemon) still carries its marker: killed now.
+    + _MARKED.format(ids="$n", each='kill -KILL "$p" 2>/dev/null')
+    + 'g=; read -r g x 2>/dev/null < "$f"; '
     'case $g in ""|*[!0-9]*) rm -f "$f";; *) kill -0 "-$g" 2>/dev/null || rm -f "$f";; esac; '
     "exit $s"
 )
@@ -145,7 +157,10 @@ _SETTLE = (
     "a=1; for p in /proc/[0-9]*; do "
     'info "${p#/proc/}" || continue; case $state in Z|X|x) continue;; esac; '
     'case " $gs " in *" $pgrp "*|*" $sid "*) a=0; '
-    '[ "$1" = 0 ] || kill -"$1" "${p#/proc/}" 2>/dev/null;; esac; done; return $a; }; '
+    '[ "$1" = 0 ] || kill -"$1" "${p#/proc/}" 2>/dev/null;; esac; done; '
+    + _MARKED.format(ids="$re", each='a=0; [ "$1" = 0 ] || kill -"$1" "$p" 2>/dev/null')
+    + "return $a; }; "
+    're=; for n in "$@"; do re="${re:+$re|}$n"; done; '
     "gs=; ns=; "
     'for n in "$@"; do f="$d/$n.pid"; i=0; '
     "while :; do "
@@ -157,7 +172,7 @@ _SETTLE = (
     '""|*[!0-9]*|0|1) echo "$f does not name a process group" >&2; exit 3;; esac; '
     'if [ "$st" != - ] && info "$g" && [ "$start" != "$st" ]; then rm -f "$f"; continue; fi; '
     'gs="${gs:+$gs }$g"; ns="${ns:+$ns }$n"; done; '
-    'if [ -n "$gs" ] && sweep TERM; then sweep CONT; '
+    "if sweep TERM; then sweep CONT; "
     'i=0; while [ $i -lt "$gt" ] && sweep 0; do i=$((i+1)); sleep 0.1; done; '
     "if sweep KILL; then i=0; while sweep 0; do i=$((i+1)); "
     'if [ $i -ge "$wt" ]; then '
@@ -566,7 +581,8 @@ class SshTransport:
             command = remote_command(
                 argv_t,
                 cwd=cwd,
-                env=env,
+                # The marker by which what the command leaves running is found (strays.py).
+                env={**env, MARKER: marker_for(cwd, command_id)},
                 timeout=timeout,
                 kill_after=self.kill_after,
                 command_id=command_id,
