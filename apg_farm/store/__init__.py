@@ -25,6 +25,7 @@ from apg_farm.store.models import (
     Phase,
     Sweep,
     SweepState,
+    WorkerBeat,
     utcnow,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "Store",
     "Sweep",
     "SweepState",
+    "WorkerBeat",
     "claim_next",
     "normalize_url",
     "renew_lease",

@@ -161,6 +161,27 @@ class BedEvent(Base):
     detail: Mapped[str | None] = mapped_column(Text)
 
 
+class WorkerBeat(Base):
+    """A worker process that says it is alive: its bed, pool and host, and when it last said so.
+
+    Written by each Celery worker every few seconds (workers/heartbeat.py); `--wait`, `sweep
+    status` and `bed list` read it to tell a pool that has no live worker.
+    """
+
+    __tablename__ = "worker_beats"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    #: celery:<bed>@<host>:<pid>, the same name executions record as their worker.
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    bed_id: Mapped[int | None] = mapped_column(ForeignKey("beds.id"), index=True)
+    pool: Mapped[str] = mapped_column(String(255), index=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: The store's clock when the worker last beat (never the worker host's: clocks skew).
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
 class Sweep(Base):
     """A submitted sweep and its validated spec."""
 
