@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft7Validator
 
+from apg_farm.contract.usage import read_usage
 from fixtures.simbed import (
     DATASET_REL,
     DEFAULT_MODELS,
@@ -1175,3 +1176,32 @@ def wait_gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_the_claude_adapter_leaves_a_claude_json_whose_figures_differ_by_model(
+    ready: tuple[SimBed, Path],
+) -> None:
+    """Every `claude` run leaves claude.json (Claude Code's result): read by the farm's own
+    reader, with a cost that differs between models."""
+    bed, _ = ready
+    costs = {}
+    for model in DEFAULT_MODELS:
+        run_id = bed.attempt(TASK, model)
+        usage = read_usage((runs_dir(bed) / run_id / "claude.json").read_bytes())
+        assert usage is not None and usage.is_error is False and usage.provider_trouble is None
+        assert usage.cost_usd and usage.input_tokens and usage.output_tokens and usage.turns
+        costs[model] = usage.cost_usd
+    assert len(set(costs.values())) == len(DEFAULT_MODELS), costs
+
+
+@pytest.mark.parametrize("kind", ["rate_limited", "overloaded", "auth_expired", "api_error"])
+def test_provider_error_fault(ready: tuple[SimBed, Path], kind: str) -> None:
+    """The provider fails the run: APG_CLAUDE_FAILED, an error claude.json naming the trouble."""
+    bed, _ = ready
+    write_faults(bed.root, {"provider_error": {"kind": kind}})
+    result = bed.run("ai-eval-run", TASK, "--agent=claude", APG_FARM_ATTEMPT="p1")
+    assert result.rc == 1 and "APG_CLAUDE_FAILED" in result.tokens()
+    [run_id] = run_ids(result)
+    usage = read_usage((runs_dir(bed) / run_id / "claude.json").read_bytes())
+    assert usage is not None and usage.is_error and usage.provider_trouble == kind
+    assert bed.run_json(run_id)["attempted"] is True
