@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 
 from apg_farm.contract import ALLOWED_BASE_NAMES, ATTEMPT_VARIABLE, FORCED, Outcome
 from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, requeue_expired
-from apg_farm.transports import reaper
+from apg_farm.transports.strays import MARKER
 from fixtures import simbed
 from scheduler import submit
 from tests.simbeds import make_beds, spec
@@ -92,7 +92,7 @@ def test_bed_commands_never_see_farm_settings(
             "SHLVL",
             "OLDPWD",
             "_",
-            reaper.MARKER,
+            MARKER,
         }
         assert names <= allowed, names - allowed
     run_env = next(set(line["env"]) for line in log if line["command"] == "ai-eval-run")

@@ -18,10 +18,11 @@ import pytest
 
 from apg_farm.contract import bed_environment, read_output
 from apg_farm.defaults import PHASE_OUTPUT_LIMIT
-from apg_farm.transports import Listing, ListingFailed, reaper
+from apg_farm.transports import Listing, ListingFailed
 from apg_farm.transports.base import CommandResult, Transport
 from apg_farm.transports.capture import omitted_marker
 from apg_farm.transports.local import LocalTransport
+from apg_farm.transports.strays import MARKER
 
 BASH = shutil.which("bash") or "/bin/bash"
 PY = sys.executable
@@ -101,7 +102,7 @@ def test_environment_is_exactly_the_given_one(monkeypatch: pytest.MonkeyPatch) -
     assert result.rc == 0
     seen = dict(line.split("=", 1) for line in result.stdout.text().splitlines())
     # Plus the marker by which the command's orphans are found (a random id, no secret).
-    marker = seen.pop(reaper.MARKER)
+    marker = seen.pop(MARKER)
     assert seen == env and len(marker) == 16 + 1 + 32
     assert b"secret" not in result.stdout.data
 
@@ -110,7 +111,7 @@ def test_empty_environment_stays_empty() -> None:
     """With env={} the child sees no variable but the orphan marker."""
     env_bin = shutil.which("env") or "/usr/bin/env"
     result = run([env_bin], env={})
-    assert result.rc == 0 and result.stdout.text().startswith(f"{reaper.MARKER}=")
+    assert result.rc == 0 and result.stdout.text().startswith(f"{MARKER}=")
     assert len(result.stdout.text().splitlines()) == 1
 
 

@@ -75,7 +75,8 @@ def read_usage(data: bytes | None) -> Usage | None:
     nested = record.get("result")
     if isinstance(nested, dict) and not _has_figures(record):
         record = nested
-    usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
+    found_usage = record.get("usage")
+    usage: dict[str, Any] = found_usage if isinstance(found_usage, dict) else {}
     is_error = record.get("is_error") if isinstance(record.get("is_error"), bool) else None
     status = _text(record.get("subtype")) or _text(record.get("status"))
     found = Usage(

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from apg_farm.transports import reaper
+from apg_farm.transports.strays import MARKER
 from apg_farm.transports.base import LIST_LIMIT, Captured, CommandResult, Listing, ListingFailed
 from apg_farm.transports.capture import BoundedCapture
 
@@ -62,7 +63,7 @@ class LocalTransport:
                     cwd=cwd,
                     # Exactly what was given (nothing of os.environ leaks to the bed), and the marker
                     # by which the command's orphans are found.
-                    env={**env, reaper.MARKER: marker},
+                    env={**env, MARKER: marker},
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
