@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from apg_farm.transports import reaper
-from apg_farm.transports.strays import MARKER
 from apg_farm.transports.base import LIST_LIMIT, Captured, CommandResult, Listing, ListingFailed
 from apg_farm.transports.capture import BoundedCapture
+from apg_farm.transports.strays import MARKER
 
 #: Seconds a stopped process group gets between SIGTERM and SIGKILL.
 DEFAULT_TERM_GRACE = 2.0
@@ -25,6 +25,8 @@ DEFAULT_LINGER = 2.0
 _READ_SIZE = 1 << 16
 #: How often the supervisor looks at the process while output is quiet (or flowing).
 _TICK = 0.05
+#: The first wait for a command whose pipes closed to be reaped.
+_FIRST_STEP = 0.001
 
 
 class LocalTransport:
@@ -214,14 +216,20 @@ class _Child:
     def pump(self, until: float, done: Callable[[], bool]) -> None:
         """Read output into the captures until `done()` or the monotonic time `until`."""
         next_check = 0.0
+        step = _FIRST_STEP
         while True:
             now = time.monotonic()
             if now >= next_check or self._pipe_closed:
                 # Checked at most every tick, not per chunk: a bed can write output very fast.
+                # With both pipes closed nothing wakes the loop but the clock: the command is
+                # ending, so look again soon (1 ms, doubling to a tick), not a whole tick later.
                 self._pipe_closed = False
                 if done():
                     return
-                next_check = now + _TICK
+                if self._sel.get_map():
+                    next_check = now + _TICK
+                else:
+                    next_check, step = now + step, min(step * 2, _TICK)
             if now >= until:
                 return
             wait = min(until, next_check) - now

@@ -96,10 +96,23 @@ def _children() -> dict[int, tuple[int, int]]:
     """This process's children: pid -> (session, start time)."""
     me = os.getpid()
     found = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (stat := _stat(int(name))) and stat[0] == me:
-            found[int(name)] = (stat[1], stat[2])
+    for pid in _child_pids(me):
+        if (stat := _stat(pid)) and stat[0] == me:
+            found[pid] = (stat[1], stat[2])
     return found
+
+
+def _child_pids(me: int) -> list[int]:
+    """Candidate children: each thread's /proc children list (a few reads, whatever the host
+    runs), or, where the kernel has none (CONFIG_PROC_CHILDREN off), every process on the host."""
+    pids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{me}/task"):
+            with open(f"/proc/{me}/task/{tid}/children", "rb") as fh:
+                pids.extend(int(pid) for pid in fh.read().split())
+    except (OSError, ValueError):
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return pids
 
 
 def _marker_of(pid: int) -> str | None:
