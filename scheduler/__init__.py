@@ -2,21 +2,34 @@
 
 `plan` expands a sweep into attempt keys and `submit` stores them; `queues` names the broker's
 queues and tasks and `publish` sends attempts to them; `reconciler` (with `broker_view`) makes the
-broker match the store again; `control` cancels, retries and reports status. Imports results,
-store and contract; never workers.
+broker match the store again; `control` cancels, retries, reports status and which workers are
+alive (their heartbeats). Imports results, store and contract; never workers.
 """
 
 from __future__ import annotations
 
-from scheduler.control import cancel_sweep, parse_retry_outcomes, retry_attempts, sweep_status
+from scheduler.control import (
+    WorkerSeen,
+    cancel_sweep,
+    live_workers,
+    parse_retry_outcomes,
+    retry_attempts,
+    store_now,
+    sweep_status,
+    worker_beats,
+)
 from scheduler.plan import expand
 from scheduler.publish import Sender, publish_attempts
 from scheduler.queues import (
     BED_MAINTENANCE,
+    HEARTBEAT_SECONDS,
+    LIVE_WITHIN,
+    MAINTENANCE_EXPIRY,
     RUN_ATTEMPT,
     attempt_of,
     attempt_time_limits,
     bed_queue,
+    maintenance_time_limits,
     pool_queue,
     task_id,
 )
@@ -25,21 +38,29 @@ from scheduler.submission import Submission, submit
 
 __all__ = [
     "BED_MAINTENANCE",
+    "HEARTBEAT_SECONDS",
+    "LIVE_WITHIN",
+    "MAINTENANCE_EXPIRY",
     "RUN_ATTEMPT",
     "Reconciliation",
     "Sender",
     "Submission",
+    "WorkerSeen",
     "attempt_of",
     "attempt_time_limits",
     "bed_queue",
     "cancel_sweep",
     "expand",
+    "live_workers",
+    "maintenance_time_limits",
     "parse_retry_outcomes",
     "pool_queue",
     "publish_attempts",
     "reconcile",
     "retry_attempts",
+    "store_now",
     "submit",
     "sweep_status",
     "task_id",
+    "worker_beats",
 ]

@@ -15,16 +15,43 @@ from scheduler.queues import attempt_of
 UNACKED_KEY = "unacked"
 #: ... and when each was delivered (a sorted set scored by delivery time).
 UNACKED_INDEX_KEY = "unacked_index"
+#: Messages per LRANGE: a bounded reply (and a bounded pause of Redis) however long a queue grows.
+PAGE = 5000
+
+# kombu writes messages with json.dumps: outside a string an unescaped `"id": "` can only be an
+# object's key `id`, and the only one is the task id in the headers (the body is base64, and a
+# quote inside any string value is escaped). Reading it there spares parsing the whole message.
+_ID_KEY = b'"id": "'
 
 
-def _message_id(raw: bytes | str) -> str | None:
+def message_attempt(raw: bytes | str) -> int | None:
+    """The attempt a raw message (or an unacked `[message, exchange, routing key]` entry) names."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    start = data.find(_ID_KEY)
+    if start >= 0:
+        start += len(_ID_KEY)
+        found = _attempt(data[start : data.find(b'"', start)])
+        if found is not None:
+            return found
+    # Another task's message, or a shape the shortcut does not know: read it properly.
+    ident = _message_id(data)
+    return attempt_of(ident) if ident else None
+
+
+def _attempt(ident: bytes) -> int | None:
+    # queues.attempt_of on bytes, without a regex: "attempt-<id>-<dispatch>".
+    if not ident.startswith(b"attempt-"):
+        return None
+    attempt, _, dispatch = ident[len(b"attempt-") :].partition(b"-")
+    return int(attempt) if attempt.isdigit() and dispatch.isdigit() else None
+
+
+def _message_id(raw: bytes) -> str | None:
     try:
         message = json.loads(raw)
     except ValueError:
         return None
-    if (
-        isinstance(message, list) and message
-    ):  # unacked entries are [message, exchange, routing key]
+    if isinstance(message, list) and message:  # unacked entries are [message, exchange, key]
         message = message[0]
     if not isinstance(message, dict):
         return None
@@ -41,23 +68,42 @@ def attempts_with_messages(
     A message a worker took longer ago than `unacked_grace` while its attempt is still queued in
     the store belongs to a worker that died before claiming or during the attempt: Redis would give
     it back only after the visibility timeout, so it does not count as live.
+
+    The queues are read a page at a time, a page of every queue in one round trip; then the
+    unacknowledged messages delivered within the grace, and only those.
     """
     client = redis.Redis.from_url(broker_url)
+    found: set[int] = set()
     try:
-        raw: list[bytes | str] = []
-        for queue in queues:
-            raw.extend(client.lrange(queue, 0, -1))
-        taken = client.hgetall(UNACKED_KEY)
-        scored: list[Any] = list(client.zrange(UNACKED_INDEX_KEY, 0, -1, withscores=True))
-        since = {tag: float(score) for tag, score in scored}
+        _read_queues(client, sorted(set(queues)), found)
+        # After the queues: a message a worker took while they were read is in unacked by now.
+        recent = time.time() - unacked_grace
+        tags: list[Any] = list(client.zrangebyscore(UNACKED_INDEX_KEY, f"({recent}", "+inf"))
+        for offset in range(0, len(tags), PAGE):
+            taken = client.hmget(UNACKED_KEY, tags[offset : offset + PAGE])
+            _collect([payload for payload in taken if payload is not None], found)
     finally:
         client.close()
-    recent = time.time() - unacked_grace
-    raw.extend(payload for tag, payload in taken.items() if since.get(tag, 0.0) > recent)
-    found = set()
+    return found
+
+
+def _read_queues(client: redis.Redis, queues: list[str], found: set[int]) -> None:
+    # kombu pushes on the left and workers pop on the right: paging from the left skips nothing
+    # that stays queued, and a page shorter than PAGE is the queue's end.
+    pending, start = queues, 0
+    while pending:
+        pipe = client.pipeline(transaction=False)
+        for queue in pending:
+            pipe.lrange(queue, start, start + PAGE - 1)
+        pages: list[list[bytes | str]] = pipe.execute()
+        for page in pages:
+            _collect(page, found)
+        pending = [q for q, page in zip(pending, pages, strict=True) if len(page) == PAGE]
+        start += PAGE
+
+
+def _collect(raw: list[bytes | str], found: set[int]) -> None:
     for item in raw:
-        ident = _message_id(item)
-        attempt = attempt_of(ident) if ident else None
+        attempt = message_attempt(item)
         if attempt is not None:
             found.add(attempt)
-    return found

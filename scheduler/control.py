@@ -1,15 +1,30 @@
-"""Controlling a running sweep: status and cancel."""
+"""Controlling a running sweep: status, cancel, retry, and which workers are alive."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome
 from apg_farm.errors import BadInput, NotFound
-from apg_farm.store import Attempt, AttemptState, Bed, Store, Sweep, SweepState, rowcount, utcnow
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    Store,
+    Sweep,
+    SweepState,
+    WorkerBeat,
+    rowcount,
+    utcnow,
+)
+from scheduler.queues import LIVE_WITHIN
 
 
 def cancel_sweep(store: Store, sweep_id: int) -> int:
@@ -36,12 +51,90 @@ def cancel_sweep(store: Store, sweep_id: int) -> int:
         )
 
 
+def store_now(session: Session, store: Store) -> datetime:
+    """The store's clock: PostgreSQL's now(), one clock for every host; on SQLite (one host) Python's."""
+    if store.is_sqlite:
+        return utcnow()
+    now: datetime | None = session.scalar(select(func.now()))
+    assert now is not None
+    return now
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    """A worker process as its heartbeat row shows it, aged by the store's clock."""
+
+    name: str
+    bed: str | None
+    bed_active: bool
+    pool: str
+    host: str
+    pid: int
+    started_at: datetime
+    seen_at: datetime
+    #: Seconds since its last beat.
+    age: float
+
+    @property
+    def live(self) -> bool:
+        return self.age <= LIVE_WITHIN
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "bed": self.bed,
+            "pool": self.pool,
+            "host": self.host,
+            "pid": self.pid,
+            "live": self.live,
+            "seen_seconds_ago": round(self.age, 1),
+        }
+
+
+def worker_beats(store: Store, *, pool: str | None = None) -> list[WorkerSeen]:
+    """Every worker heartbeat row (of one pool), newest first per bed."""
+    query = (
+        select(WorkerBeat, Bed.name, Bed.state)
+        .outerjoin(Bed, Bed.id == WorkerBeat.bed_id)
+        .order_by(Bed.name, WorkerBeat.seen_at.desc())
+    )
+    if pool is not None:
+        query = query.where(WorkerBeat.pool == pool)
+    with store.read() as session:
+        now = store_now(session, store)
+        rows = session.execute(query).all()
+    return [
+        WorkerSeen(
+            name=beat.name,
+            bed=bed,
+            bed_active=state == BedState.ACTIVE,
+            pool=beat.pool,
+            host=beat.host,
+            pid=beat.pid,
+            started_at=beat.started_at,
+            seen_at=beat.seen_at,
+            age=max(0.0, (now - beat.seen_at).total_seconds()),
+        )
+        for beat, bed, state in rows
+    ]
+
+
+def live_workers(store: Store, pool: str) -> list[WorkerSeen]:
+    """Workers that take the pool's attempts now: beating, on a bed that is active."""
+    return [w for w in worker_beats(store, pool=pool) if w.live and w.bed_active]
+
+
 def sweep_status(store: Store, sweep_id: int) -> dict[str, Any]:
-    """Counts by state and outcome, and what each bed is running."""
+    """Counts by state and outcome, what each bed is running, and the pool's workers.
+
+    Counted in SQL, so a sweep of a million attempts costs no more memory than a small one.
+    """
     with store.read() as session:
         sweep = session.get_one(Sweep, sweep_id)
-        rows = session.execute(
-            select(Attempt.state, Attempt.outcome).where(Attempt.sweep_id == sweep_id)
+        counts = session.execute(
+            select(Attempt.state, Attempt.outcome, func.count())
+            .where(Attempt.sweep_id == sweep_id)
+            .group_by(Attempt.state, Attempt.outcome)
         ).all()
         running = session.execute(
             select(Bed.name, Attempt.task, Attempt.model, Attempt.trial)
@@ -49,17 +142,28 @@ def sweep_status(store: Store, sweep_id: int) -> dict[str, Any]:
             .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.RUNNING)
             .order_by(Bed.name)
         ).all()
-        states = Counter(state for state, _ in rows)
-        outcomes = Counter(outcome for _, outcome in rows if outcome)
-        return {
-            "id": sweep.id,
-            "name": sweep.name,
-            "state": sweep.state,
-            "attempts": len(rows),
-            "states": {s.value: states.get(s.value, 0) for s in AttemptState},
-            "outcomes": dict(sorted(outcomes.items())),
-            "running": [f"{bed}: {task} {model} #{trial}" for bed, task, model, trial in running],
-        }
+    states: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    for state, outcome, count in counts:
+        states[state] += count
+        if outcome:
+            outcomes[outcome] += count
+    beats = worker_beats(store, pool=sweep.pool)
+    return {
+        "id": sweep.id,
+        "name": sweep.name,
+        "state": sweep.state,
+        "attempts": sum(states.values()),
+        "states": {s.value: states.get(s.value, 0) for s in AttemptState},
+        "outcomes": dict(sorted(outcomes.items())),
+        "running": [f"{bed}: {task} {model} #{trial}" for bed, task, model, trial in running],
+        # Only the distributed mode has workers; embedded, this stays empty.
+        "workers": {
+            "pool": sweep.pool,
+            "live": sum(1 for w in beats if w.live and w.bed_active),
+            "beats": [w.as_dict() for w in beats],
+        },
+    }
 
 
 #: Outcomes a retry may undo: the farm's own failures. A model's verdict is never re-rolled.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from apg_farm.specs import SweepSpec
@@ -18,17 +19,23 @@ class AttemptKey:
 
 
 def expand(spec: SweepSpec) -> list[AttemptKey]:
-    """Every (task, model, trial), trial-major so models and tasks interleave.
+    """Every (task, model, trial), trial-major so models and tasks interleave (see iter_keys)."""
+    return list(iter_keys(spec))
+
+
+def iter_keys(spec: SweepSpec) -> Iterator[AttemptKey]:
+    """Every (task, model, trial) in queue order, one at a time: a million-attempt sweep is
+    never held whole.
 
     Trial 1 of every (task, model) comes before trial 2 of any: a sweep stopped half way has
     about the same number of samples for every model on every task. Within a trial the model
     order rotates with the task so no model is always first on a freshly started pool.
     """
-    keys: list[AttemptKey] = []
     models = list(spec.models)
+    seq = 0
     for trial in range(1, spec.trials + 1):
         for t, task in enumerate(spec.tasks):
             shift = (t + trial - 1) % len(models)
             for model in models[shift:] + models[:shift]:
-                keys.append(AttemptKey(len(keys), task, model, trial))
-    return keys
+                yield AttemptKey(seq, task, model, trial)
+                seq += 1

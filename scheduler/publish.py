@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
+from itertools import islice
 from typing import Any, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import Row, select, update
 
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, utcnow
+from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState
 from scheduler.queues import RUN_ATTEMPT, attempt_time_limits, pool_queue, task_id
+
+#: Attempt ids per statement: far below PostgreSQL's 65,535 bind parameters and SQLite's 32,766,
+#: and a bounded batch in memory however many attempts are dispatched.
+CHUNK = 5000
 
 
 class Sender(Protocol):
@@ -18,36 +25,79 @@ class Sender(Protocol):
     def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
 
 
+def chunks(ids: Iterable[int], size: int = CHUNK) -> Iterator[list[int]]:
+    """`ids` in lists of at most `size`, read lazily (a generator is never held whole)."""
+    it = iter(ids)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
 def publish_attempts(store: Store, app: Sender, attempt_ids: Iterable[int]) -> int:
-    """One message per still-queued attempt, to its pool's queue, in queue order; returns how many."""
-    ids = list(attempt_ids)
-    if not ids:
-        return 0
+    """One message per still-queued attempt of an open sweep, to its pool's queue; returns how many.
+
+    Chunk by chunk: one UPDATE counts the dispatch in SQL (dispatches + 1, so concurrent
+    dispatchers never lose a count) and returns the new count, which names the message; the
+    chunk commits, then its messages go out in queue order. A send that fails after the commit
+    leaves attempts stamped as enqueued without a message: the reconciler finds and resends them.
+    """
     sent = 0
     specs: dict[int, SweepSpec] = {}
-    with store.session() as session:
-        rows = session.execute(
-            select(Attempt, Sweep)
-            .join(Sweep, Sweep.id == Attempt.sweep_id)
-            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.QUEUED)
-            .where(Sweep.state == SweepState.OPEN)
-            .order_by(Attempt.seq)
-        ).all()
-        now = utcnow()
-        for attempt, sweep in rows:
-            spec = specs.get(sweep.id) or specs.setdefault(
-                sweep.id, SweepSpec.model_validate(sweep.spec)
-            )
-            soft, hard = attempt_time_limits(spec)
-            attempt.dispatches += 1
-            attempt.enqueued_at = now
-            app.send_task(
-                RUN_ATTEMPT,
-                args=(attempt.id,),
-                queue=pool_queue(attempt.pool),
-                task_id=task_id(attempt.id, attempt.dispatches),
-                soft_time_limit=soft,
-                time_limit=hard,
-            )
-            sent += 1
+    for batch in chunks(attempt_ids):
+        rows = store.retrying(partial(_count_dispatch, store, batch))
+        if not rows:
+            continue
+        _load_specs(store, specs, {row.sweep_id for row in rows})
+        with _producer(app) as producer:
+            extra = {} if producer is None else {"producer": producer}
+            for row in sorted(rows, key=lambda r: (r.seq, r.id)):
+                soft, hard = attempt_time_limits(specs[row.sweep_id])
+                app.send_task(
+                    RUN_ATTEMPT,
+                    args=(row.id,),
+                    queue=pool_queue(row.pool),
+                    task_id=task_id(row.id, row.dispatches),
+                    soft_time_limit=soft,
+                    time_limit=hard,
+                    **extra,
+                )
+                sent += 1
     return sent
+
+
+def _count_dispatch(store: Store, ids: list[int]) -> list[Row[Any]]:
+    """Count one more dispatch of each still-queued attempt in `ids`; their rows, committed."""
+    open_sweeps = select(Sweep.id).where(Sweep.state == SweepState.OPEN)
+    with store.session() as session:
+        return list(
+            session.execute(
+                update(Attempt)
+                .where(
+                    Attempt.id.in_(ids),
+                    Attempt.state == AttemptState.QUEUED,
+                    Attempt.sweep_id.in_(open_sweeps),
+                )
+                .values(dispatches=Attempt.dispatches + 1, enqueued_at=store.now())
+                .returning(
+                    Attempt.id, Attempt.dispatches, Attempt.pool, Attempt.sweep_id, Attempt.seq
+                )
+                .execution_options(synchronize_session=False)
+            )
+        )
+
+
+def _load_specs(store: Store, specs: dict[int, SweepSpec], sweep_ids: set[int]) -> None:
+    missing = sweep_ids - specs.keys()
+    if not missing:
+        return
+    with store.read() as session:
+        for sweep_id, spec in session.execute(
+            select(Sweep.id, Sweep.spec).where(Sweep.id.in_(missing))
+        ):
+            specs[sweep_id] = SweepSpec.model_validate(spec)
+
+
+def _producer(app: Sender) -> AbstractContextManager[Any]:
+    # A Celery app lends one producer (one broker connection) for a whole chunk: without it each
+    # send acquires and releases its own.
+    acquire = getattr(app, "producer_or_acquire", None)
+    return acquire() if callable(acquire) else nullcontext(None)

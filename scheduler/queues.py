@@ -1,4 +1,5 @@
-"""Broker queue names and per-attempt time limits, shared by the dispatcher and the workers."""
+"""What the dispatcher and the workers must agree on: queue and task names, time limits, expiries,
+and how often a worker says it is alive."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ BED_MAINTENANCE = "apg_farm.bed_maintenance"
 HARD_LIMIT_MARGIN = 120.0
 #: Seconds between the soft limit (the task is told to stop) and the hard one (it is killed).
 SOFT_LIMIT_GRACE = 60.0
+
+#: Seconds a maintenance message may wait for its worker. The operator who sent it stops waiting
+#: then; a message older than this (a dead worker back days later) is dropped, never run.
+MAINTENANCE_EXPIRY = 600.0
+#: Hard limit of one maintenance task: its slowest bed command at the 1 h maintenance timeout
+#: (apg_farm.beds.maintenance) plus the escrow hash (5 min), plus the margin.
+MAINTENANCE_HARD_LIMIT = 3600.0 + 300.0 + HARD_LIMIT_MARGIN
+
+#: Seconds between two heartbeats of a worker process (workers/heartbeat.py).
+HEARTBEAT_SECONDS = 5.0
+#: A worker whose last beat is older than this (three missed beats) is taken for dead.
+LIVE_WITHIN = 3 * HEARTBEAT_SECONDS
 
 
 def _safe(text: str) -> str:
@@ -44,6 +57,11 @@ def attempt_time_limits(spec: SweepSpec) -> tuple[float, float]:
     phases = 3 * t.verify + t.reset + t.run + t.grade + (t.grade if spec.diff else 0.0)
     hard = phases + HARD_LIMIT_MARGIN
     return hard - SOFT_LIMIT_GRACE, hard
+
+
+def maintenance_time_limits() -> tuple[float, float]:
+    """(soft, hard) seconds for one maintenance task (doctor, provision, escrow)."""
+    return MAINTENANCE_HARD_LIMIT - SOFT_LIMIT_GRACE, MAINTENANCE_HARD_LIMIT
 
 
 def task_id(attempt_id: int, dispatch: int) -> str:

@@ -3,22 +3,29 @@
 It returns attempts whose lease expired to the queue, and sends a new message for every queued
 attempt that has none (never sent, lost with a restarted Redis, or dropped by a worker). Extra
 messages are harmless: a claim that matches nothing is a no-op.
+
+A pass costs what is in flight, not the history: attempts are read through the index on
+(state, seq, id), so a million finished attempts are never visited, and queued ones are read a
+page at a time in queue order; the broker is read only when something is queued.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import or_, select, tuple_
 
-from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, requeue_expired, utcnow
+from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, requeue_expired
 from scheduler.broker_view import attempts_with_messages
 from scheduler.publish import Sender, publish_attempts
 from scheduler.queues import pool_queue
 
 #: A message sent this recently may be between the queue and a worker's unacked set: leave it.
 IN_FLIGHT_GRACE = timedelta(seconds=10)
+#: Queued attempts read per query.
+PAGE = 5000
 
 
 @dataclass(frozen=True)
@@ -36,23 +43,58 @@ def reconcile(
     store: Store, app: Sender, broker_url: str, *, unacked_grace: float = 60.0
 ) -> Reconciliation:
     """One pass: expired leases back to the queue, then a message for each queued attempt without one."""
-    expired = requeue_expired(store)
-    with store.session() as session:
-        queued = session.execute(
-            select(Attempt.id, Attempt.pool, Attempt.enqueued_at)
-            .join(Sweep, Sweep.id == Attempt.sweep_id)
-            .where(Attempt.state == AttemptState.QUEUED, Sweep.state == SweepState.OPEN)
-            .order_by(Attempt.seq)
-        ).all()
-    if not queued:
+    expired = store.retrying(lambda: requeue_expired(store))
+    first = _page(store, (-1, -1))
+    if not first:
+        # Nothing queued that could lack a message: the broker need not be read.
         return Reconciliation(expired, 0)
     live = attempts_with_messages(
-        broker_url, {pool_queue(pool) for _, pool, _ in queued}, unacked_grace=unacked_grace
+        broker_url, {pool_queue(pool) for pool in _open_pools(store)}, unacked_grace=unacked_grace
     )
-    cutoff = utcnow() - IN_FLIGHT_GRACE
-    missing = [
-        attempt_id
-        for attempt_id, _, enqueued_at in queued
-        if attempt_id not in live and (enqueued_at is None or enqueued_at < cutoff)
-    ]
-    return Reconciliation(expired, publish_attempts(store, app, missing))
+    return Reconciliation(
+        expired, publish_attempts(store, app, _without_message(store, first, live))
+    )
+
+
+def _open_pools(store: Store) -> list[str]:
+    # A sweep's attempts all go to its pool (a re-submit may not change the pool), so the queues
+    # to read come from the few sweeps, not from the attempts.
+    with store.read() as session:
+        return list(
+            session.scalars(select(Sweep.pool).where(Sweep.state == SweepState.OPEN).distinct())
+        )
+
+
+def _page(store: Store, after: tuple[int, int]) -> list[tuple[int, int]]:
+    """(seq, id) of up to PAGE queued attempts of open sweeps after `after`, in queue order,
+    leaving out those sent within the grace. Index-backed: (state, seq, id)."""
+    open_sweeps = select(Sweep.id).where(Sweep.state == SweepState.OPEN)
+    with store.read() as session:
+        rows = session.execute(
+            select(Attempt.seq, Attempt.id)
+            .where(Attempt.state == AttemptState.QUEUED, Attempt.sweep_id.in_(open_sweeps))
+            .where(tuple_(Attempt.seq, Attempt.id) > tuple_(*after))
+            # The grace is judged by the clock that stamped enqueued_at (publish_attempts).
+            .where(
+                or_(
+                    Attempt.enqueued_at.is_(None),
+                    Attempt.enqueued_at < store.now_plus(-IN_FLIGHT_GRACE.total_seconds()),
+                )
+            )
+            .order_by(Attempt.seq, Attempt.id)
+            .limit(PAGE)
+        ).all()
+    return [(seq, attempt_id) for seq, attempt_id in rows]
+
+
+def _without_message(store: Store, page: list[tuple[int, int]], live: set[int]) -> Iterator[int]:
+    """The ids of this page and the following ones that are not in `live`, in queue order.
+
+    Each page is read in a short transaction of its own, closed before its ids are handed on,
+    so publishing them never runs inside a read.
+    """
+    while True:
+        yield from (attempt_id for _, attempt_id in page if attempt_id not in live)
+        if len(page) < PAGE:
+            return
+        page = _page(store, page[-1])

@@ -2,18 +2,50 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select, text
+from sqlalchemy.orm import Session
 
 from apg_farm.errors import BadInput
 from apg_farm.results import refuse_if_sealed
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, Store, Sweep, SweepState
-from scheduler.plan import expand
+from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, UTCDateTime, utcnow
+from scheduler.plan import AttemptKey, iter_keys
 
 #: Fields that define what an attempt is; a sweep cannot change them once submitted.
 _FIXED = ("dataset", "fixtures", "agent")
+
+#: Attempts per INSERT: a bounded batch in memory however large the sweep.
+CHUNK = 10_000
+
+_KEY = ", ".join(("sweep_id", "task", "model", "trial"))
+_COLUMNS = (
+    "sweep_id, task, model, trial, seq, pool, state,"
+    " infra_failures, deliveries, excluded_beds, dispatches, created_at"
+)
+_CONSTANTS = ":pool, :state, 0, 0, '[]', 0, :created_at"
+
+# A chunk is one statement with its keys in one or four parameters, never a parameter set per
+# row: PostgreSQL reads them from arrays (one round trip), SQLite from a JSON array. A key the
+# sweep already has is skipped by the unique key itself, never looked up from Python.
+_PG_INSERT = text(
+    f"INSERT INTO {Attempt.__tablename__} ({_COLUMNS})"
+    f" SELECT :sweep_id, k.task, k.model, k.trial, k.seq, {_CONSTANTS}"
+    " FROM unnest(CAST(:tasks AS TEXT[]), CAST(:models AS TEXT[]),"
+    " CAST(:trials AS INTEGER[]), CAST(:seqs AS INTEGER[])) AS k(task, model, trial, seq)"
+    f" ON CONFLICT ({_KEY}) DO NOTHING"
+).bindparams(bindparam("created_at", type_=UTCDateTime()))
+_SQLITE_INSERT = text(
+    f"INSERT INTO {Attempt.__tablename__} ({_COLUMNS})"
+    " SELECT :sweep_id, json_extract(k.value, '$[0]'), json_extract(k.value, '$[1]'),"
+    f" json_extract(k.value, '$[2]'), json_extract(k.value, '$[3]'), {_CONSTANTS}"
+    # WHERE true: SQLite's grammar needs it between a SELECT and ON CONFLICT.
+    f" FROM json_each(:keys) AS k WHERE true ON CONFLICT ({_KEY}) DO NOTHING"
+).bindparams(bindparam("created_at", type_=UTCDateTime()))
 
 
 @dataclass(frozen=True)
@@ -36,8 +68,12 @@ class Submission:
 
 
 def submit(store: Store, spec: SweepSpec) -> Submission:
-    """Store the sweep and any attempt it lacks. Re-submitting may add tasks, models or trials."""
-    keys = expand(spec)
+    """Store the sweep and any attempt it lacks. Re-submitting may add tasks, models or trials.
+
+    The keys stream from the plan into bulk INSERTs of `CHUNK` rows; the unique key skips those
+    already there, so nothing is loaded to compare and memory stays flat for a million attempts.
+    One transaction: a refused submit leaves nothing behind.
+    """
     with store.session() as session:
         sweep = session.scalar(select(Sweep).where(Sweep.name == spec.name).with_for_update())
         new_sweep = sweep is None
@@ -50,7 +86,7 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
             )
             session.add(sweep)
             session.flush()
-            existing: set[tuple[str, str, int]] = set()
+            existing = 0
         else:
             if sweep.state != SweepState.OPEN:
                 raise BadInput(
@@ -59,34 +95,59 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
                     fix="give the sweep a new name",
                 )
             _check_compatible(SweepSpec.model_validate(sweep.spec), spec)
-            existing = {
-                (a.task, a.model, a.trial)
-                for a in session.execute(
-                    select(Attempt.task, Attempt.model, Attempt.trial).where(
-                        Attempt.sweep_id == sweep.id
-                    )
-                )
-            }
+            existing = _count(session, sweep.id)
         base = session.scalar(select(func.max(Attempt.seq)).where(Attempt.sweep_id == sweep.id))
         offset = 0 if base is None else base + 1
-        fresh = [k for k in keys if (k.task, k.model, k.trial) not in existing]
-        if fresh and not new_sweep:
+        _insert(store, session, sweep.id, spec.pool, offset, iter_keys(spec))
+        created = _count(session, sweep.id) - existing
+        if created and not new_sweep:
+            # Raised inside the transaction: the rows just inserted are rolled back.
             refuse_if_sealed(sweep)
-        session.add_all(
-            Attempt(
-                sweep_id=sweep.id,
-                task=k.task,
-                model=k.model,
-                trial=k.trial,
-                seq=offset + k.seq,
-                pool=spec.pool,
-            )
-            for k in fresh
-        )
-        if fresh and not new_sweep:
             sweep.spec = _merged(SweepSpec.model_validate(sweep.spec), spec).model_dump(mode="json")
             sweep.spec_sha256 = SweepSpec.model_validate(sweep.spec).digest()
-        return Submission(sweep.id, sweep.name, len(fresh), len(existing), new_sweep)
+        return Submission(sweep.id, sweep.name, created, existing, new_sweep)
+
+
+def _count(session: Session, sweep_id: int) -> int:
+    return int(
+        session.scalar(
+            select(func.count()).select_from(Attempt).where(Attempt.sweep_id == sweep_id)
+        )
+        or 0
+    )
+
+
+def _insert(
+    store: Store,
+    session: Session,
+    sweep_id: int,
+    pool: str,
+    offset: int,
+    keys: Iterable[AttemptKey],
+) -> None:
+    """Insert every key the sweep lacks, `CHUNK` at a time, at queue place offset + its seq."""
+    fixed = {
+        "sweep_id": sweep_id,
+        "pool": pool,
+        "state": AttemptState.QUEUED.value,
+        "created_at": utcnow(),
+    }
+    it = iter(keys)
+    while chunk := list(islice(it, CHUNK)):
+        if store.is_sqlite:
+            rows = [[k.task, k.model, k.trial, offset + k.seq] for k in chunk]
+            session.execute(_SQLITE_INSERT, {**fixed, "keys": json.dumps(rows)})
+            continue
+        session.execute(
+            _PG_INSERT,
+            {
+                **fixed,
+                "tasks": [k.task for k in chunk],
+                "models": [k.model for k in chunk],
+                "trials": [k.trial for k in chunk],
+                "seqs": [offset + k.seq for k in chunk],
+            },
+        )
 
 
 def _check_compatible(old: SweepSpec, new: SweepSpec) -> None:

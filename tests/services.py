@@ -14,6 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
+
+from apg_farm.store import Attempt, AttemptState, Store
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -135,3 +138,31 @@ class Workers:
         return "\n".join(
             p.read_text(errors="replace")[-3000:] for p in self.logdir.glob("worker-*.log")
         )
+
+
+def sweep_done(store: Store, sweep_id: int) -> bool:
+    """True once every attempt of the sweep is DONE (one indexed lookup, not the whole sweep)."""
+    with store.read() as session:
+        left = session.scalar(
+            select(Attempt.id)
+            .where(Attempt.sweep_id == sweep_id, Attempt.state != AttemptState.DONE)
+            .limit(1)
+        )
+    return left is None
+
+
+def live_processes(*needles: str) -> list[int]:
+    """Live (not zombie) processes on this machine, other than this one, whose command line
+    holds every one of `needles`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X") and all(n.encode() in cmdline for n in needles):
+            found.append(int(name))
+    return found

@@ -25,14 +25,20 @@ def _compose() -> dict[str, Any]:
 def test_compose_has_the_services_and_they_are_wired() -> None:
     """redis, postgres, scheduler, flower and a worker template; farm services point at them."""
     services = _compose()["services"]
-    assert {"redis", "postgres", "scheduler", "flower", "worker-bed-1"} <= set(services)
+    assert {"redis", "postgres", "pgbouncer", "scheduler", "flower", "worker-bed-1"} <= set(
+        services
+    )
     for name in ("redis", "postgres"):
         assert "healthcheck" in services[name]
     for name in ("scheduler", "flower", "worker-bed-1"):
         env = services[name]["environment"]
         assert env["APG_FARM_BROKER_URL"].startswith("redis://redis:")
-        assert "@postgres:5432/" in env["APG_FARM_DATABASE_URL"]
-        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+        # Through PgBouncer, with the flag that turns psycopg's prepared statements off.
+        assert "@pgbouncer:6432/" in env["APG_FARM_DATABASE_URL"]
+        assert env["APG_FARM_DATABASE_URL"].endswith("?pgbouncer=true")
+        assert services[name]["depends_on"]["pgbouncer"]["condition"] == "service_healthy"
+    assert services["pgbouncer"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "pool_mode = transaction" in " ".join(services["pgbouncer"]["command"])
     assert services["scheduler"]["command"] == ["apg-farm", "scheduler"]
     assert services["worker-bed-1"]["command"] == ["apg-farm", "worker", "--bed", "bed-1"]
     assert "workers.celery_app" in services["flower"]["command"]
@@ -53,7 +59,8 @@ def test_celery_configuration_follows_the_design() -> None:
     conf = make_app(settings).conf
     assert conf.worker_concurrency == 1 and conf.worker_prefetch_multiplier == 1
     assert conf.task_acks_late and conf.task_reject_on_worker_lost
-    assert conf.worker_cancel_long_running_tasks_on_connection_loss
+    # A Redis blip must not kill running attempts: the lease makes a redelivery harmless.
+    assert not conf.worker_cancel_long_running_tasks_on_connection_loss
     vt = settings.visibility_timeout
     assert conf.broker_transport_options["visibility_timeout"] == vt
     assert conf.result_backend_transport_options["visibility_timeout"] == vt

@@ -24,6 +24,7 @@ from apg_farm.contract import Outcome
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, requeue_expired
 from fixtures import simbed
 from scheduler import submit
+from tests.services import live_processes
 from tests.simbeds import make_beds, spec
 from tests.test_embedded import faults_are_contained
 from tests.test_quarantine import Operator
@@ -376,7 +377,7 @@ def test_a_sigkilled_worker_leaves_nothing_running(
     size = beats.stat().st_size
     time.sleep(0.3)
     assert beats.stat().st_size == size
-    assert not _host_processes("apg-sim-linger", str(approot))
+    assert not live_processes("apg-sim-linger", str(approot))
     inside = subprocess.run(
         ["docker", "exec", simbed.container_name(approot), "ps", "-e", "-o", "args="],
         capture_output=True,
@@ -384,21 +385,6 @@ def test_a_sigkilled_worker_leaves_nothing_running(
     ).stdout
     assert "apg-sim-linger" not in inside and "ai-eval-run" not in inside
     store.dispose()
-
-
-def _host_processes(*needles: str) -> list[int]:
-    """Live processes on this host whose command line holds every one of `needles`."""
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            state = Path(f"/proc/{name}/stat").read_bytes().rpartition(b")")[2].split()[0]
-        except (OSError, IndexError):
-            continue
-        if name.isdigit() and state not in (b"Z", b"X"):
-            if all(n.encode() in cmdline for n in needles):
-                found.append(int(name))
-    return found
 
 
 def _ran(store: Store) -> bool:

@@ -17,7 +17,7 @@ from apg_farm.settings import Settings
 from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store
 from fixtures import simbed
 from scheduler import pool_queue, publish_attempts, reconcile, submit
-from tests.services import RedisServer, Workers, redis_server
+from tests.services import RedisServer, Workers, redis_server, sweep_done
 from tests.simbeds import make_beds, spec
 from workers import EmbeddedExecutor, make_app
 
@@ -70,13 +70,7 @@ def _wait_done(
     app = _app(redis)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with store.session() as session:
-            left = session.scalar(
-                select(Attempt.id)
-                .where(Attempt.sweep_id == sweep_id, Attempt.state != AttemptState.DONE)
-                .limit(1)
-            )
-        if left is None:
+        if sweep_done(store, sweep_id):
             return
         with contextlib.suppress(Exception):  # the broker may be restarting
             reconcile(store, app, redis.url, unacked_grace=LEASE)

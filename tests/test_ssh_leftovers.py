@@ -20,6 +20,7 @@ import pytest
 from apg_farm.transports import CommandResult, stopped_count, stray_argv
 from apg_farm.transports import ssh as ssh_module
 from apg_farm.transports.ssh import SshTransport
+from tests.services import live_processes
 from tests.sshd import SshHost, start_sshd
 from tests.test_transport_ssh import PATH, run, target
 
@@ -66,18 +67,7 @@ def pid_files(tmp_path: Path) -> list[str]:
 
 def processes(token: str) -> list[int]:
     """Live (not zombie) processes on this machine whose command line holds `token`."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            state = Path(f"/proc/{name}/stat").read_bytes().rpartition(b")")[2].split()[0]
-        except (OSError, IndexError):
-            continue
-        if token.encode() in cmdline and state not in (b"Z", b"X"):
-            found.append(int(name))
-    return found
+    return live_processes(token)
 
 
 @contextlib.contextmanager
@@ -280,6 +270,8 @@ def test_a_command_given_up_before_it_started_never_starts(
 #: $1 is the file; $2 "exit" makes the command end at once, leaving only the daemon.
 DAEMON = (
     'setsid sh -c \'while :; do echo daemon >> "$1"; sleep 0.05; done\' sh "$1" & '
+    # The command ends (or loops) only once its daemon is seen running.
+    'until grep -q daemon "$1" 2>/dev/null; do sleep 0.05; done; '
     '[ "$2" = exit ] && exit 0; while :; do echo parent >> "$1"; sleep 0.05; done'
 )
 

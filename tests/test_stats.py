@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 
@@ -17,6 +18,20 @@ from apg_farm.results import (
     quantile,
     wilson,
 )
+from apg_farm.results.binomial import binomial_ratio, ln_binomial, lower_tail_half, pmf_half
+from apg_farm.results.stats import binomial_two_sided, paired_counts
+
+
+def exact_two_sided(successes: int, n: int) -> Fraction:
+    """The sign test's p by exact integer arithmetic: the term-by-term sum the farm used to run."""
+    if n == 0:
+        return Fraction(1)
+    low = min(successes, n - successes)
+    term = total = 1
+    for i in range(1, low + 1):
+        term = term * (n - i + 1) // i
+        total += term
+    return min(Fraction(1), Fraction(2 * total, 1 << n))
 
 
 def test_published_value() -> None:
@@ -78,6 +93,51 @@ def test_pass_hat_k_matches_the_binomial_formula(n: int, c: int, k: int) -> None
     assert pass_hat_k(n, c, 1) == pytest.approx(c / n)
 
 
+@pytest.mark.parametrize(
+    ("n", "c", "k"),
+    [
+        (10, 3, 5),
+        (200, 150, 65),  # both products over 64 factors: the log form
+        (1000, 900, 100),
+        (1000, 100, 900),
+        (5000, 4000, 1000),
+        (5000, 10, 4990),  # C(n - c, k) with k = n - c
+        (300, 120, 120),  # pass^k with c = k
+        (100_000, 50_000, 70),
+    ],
+)
+def test_pass_at_k_and_pass_hat_k_against_exact_fractions(n: int, c: int, k: int) -> None:
+    """Products of up to 64 ratios, a log form beyond: both equal the exact binomial ratios."""
+
+    at_k = 1 - Fraction(math.comb(n - c, k), math.comb(n, k)) if n - c >= k else Fraction(1)
+    hat_k = Fraction(math.comb(c, k), math.comb(n, k)) if c >= k else Fraction(0)
+    assert math.isclose(pass_at_k(n, c, k), float(at_k), rel_tol=1e-11)
+    assert math.isclose(pass_hat_k(n, c, k), float(hat_k), rel_tol=1e-11, abs_tol=1e-300)
+    assert math.isclose(
+        binomial_ratio(n - c, n, min(k, n - c)),
+        float(Fraction(math.comb(n - c, min(k, n - c)), math.comb(n, min(k, n - c)))),
+        rel_tol=1e-11,
+        abs_tol=1e-300,
+    )
+
+
+def test_pass_at_k_and_pass_hat_k_keep_the_values_they_had() -> None:
+    """Where the old products had at most 64 factors (c for pass@k, k for pass^k), the values are
+    theirs, bit for bit; floats, never the int an empty product gives."""
+
+    for n in range(1, 40):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                chen = 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+                assert pass_at_k(n, c, k) == (1.0 if n - c < k else chen)
+                old_hat = math.prod((c - i) / (n - i) for i in range(k)) if c >= k else 0.0
+                hat = pass_hat_k(n, c, k)
+                assert hat == old_hat and type(hat) is float, (n, c, k)
+    for n, c, k in ((200, 64, 5), (1000, 30, 64), (500, 400, 64)):
+        assert pass_at_k(n, c, k) == 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+        assert pass_hat_k(n, c, k) == math.prod((c - i) / (n - i) for i in range(k))
+
+
 def test_pass_at_k_refuses_impossible_input() -> None:
     """k above n, k below 1, c above n: ValueError (a report shows such cells as unknown)."""
 
@@ -118,6 +178,62 @@ def test_mcnemar_extremes() -> None:
     assert mcnemar_exact(5, 5) == 1.0
     assert mcnemar_exact(0, 0) == 1.0
     assert mcnemar_exact(0, 2000) < 1e-300
+
+
+def test_sign_test_matches_the_exact_sum_for_every_small_n_and_k() -> None:
+    """Every n <= 60 and every k: the incomplete-beta tail equals the exact binomial sum to 1e-12
+    (relative), as the term-by-term sum it replaces computed it; symmetric in k and n - k."""
+
+    for n in range(61):
+        for k in range(n + 1):
+            expected = float(exact_two_sided(k, n))
+            got = binomial_two_sided(k, n)
+            assert math.isclose(got, expected, rel_tol=1e-12, abs_tol=0.0), (k, n, got, expected)
+            assert got == binomial_two_sided(n - k, n)
+
+
+@pytest.mark.parametrize(
+    ("successes", "n", "expected"),
+    [
+        # Fagerland, Lydersen & Laake (2013): McNemar b=1, c=7 is 9/128.
+        (7, 8, 9 / 128),
+        # Cavo et al. 2012 (b=6, c=16) via Fagerland et al. (2014): 0.0525, exactly 13757/2^18.
+        (6, 22, 13757 / 2**18),
+        # 2 * (1 + 20 + 190 + 1140 + 4845 + 15504) / 2^20 = 5425/2^17
+        (5, 20, 5425 / 2**17),
+        # All discordant pairs one way: 2 / 2^10
+        (0, 10, 1 / 512),
+        # 2 * sum_{i<=12} C(30, i) / 2^30 = 194129627/2^29
+        (18, 30, 194129627 / 2**29),
+    ],
+)
+def test_sign_test_reference_values(successes: int, n: int, expected: float) -> None:
+    """Published values and exact rationals (each a power-of-two denominator, so exact floats)."""
+
+    assert binomial_two_sided(successes, n) == pytest.approx(expected, rel=1e-13)
+
+
+@pytest.mark.parametrize("n", [1000, 4999, 20000])
+def test_sign_test_large_n_against_exact_integers(n: int) -> None:
+    """Far from small n the tail still equals exact integer arithmetic to 1e-12, from the far
+    tail (p ~ 1e-280) to next to a tie."""
+
+    root = math.isqrt(n)
+    for k in (1, 7, n // 3, n // 2 - 3 * root, n // 2 - root, n // 2 - 2, (n - 1) // 2 - 1):
+        expected = float(exact_two_sided(k, n))
+        assert math.isclose(binomial_two_sided(k, n), expected, rel_tol=1e-12), (k, n)
+
+
+def test_binomial_mass_and_log_binomial_against_exact_integers() -> None:
+    """Loader's pmf and the Stirling-form ln C(n, k) against math.comb, small n and large."""
+
+    for n, k in ((1, 0), (2, 1), (15, 7), (16, 3), (40, 20), (81, 40), (501, 250), (5000, 1234)):
+        expected = Fraction(math.comb(n, k), 1 << n)
+        assert math.isclose(pmf_half(k, n), float(expected), rel_tol=1e-13), (k, n)
+        assert math.isclose(ln_binomial(n, k), math.log(math.comb(n, k)), rel_tol=1e-13)
+    assert lower_tail_half(0, 50) == 2.0**-50
+    with pytest.raises(ValueError):
+        lower_tail_half(25, 50)  # not below the centre
 
 
 # --- Newcombe intervals ------------------------------------------------------------------------
@@ -206,3 +322,4 @@ def test_paired_comparison_counts_and_tests() -> None:
     assert result.difference.high == pytest.approx(-0.0046, abs=5e-5)
     empty = paired_comparison([])
     assert empty.pairs == 0 and empty.p_value == 1.0 and empty.difference.estimate is None
+    assert paired_counts(59, 6, 16, 80) == result

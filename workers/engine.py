@@ -31,11 +31,14 @@ from apg_farm.contract import (
     CONTINUE,
     UNESCROWED,
     UNFINGERPRINTED,
+    USAGE_FILES,
+    USAGE_LIMIT,
     EnvelopeError,
     Grade,
     Outcome,
     PhaseOutput,
     RunRecord,
+    Usage,
     Verdict,
     bed_environment,
     judge_ddev_check,
@@ -47,6 +50,7 @@ from apg_farm.contract import (
     judge_verify_after,
     judge_verify_before,
     read_grade,
+    read_usage,
     with_quarantine,
 )
 from apg_farm.defaults import (
@@ -269,34 +273,52 @@ class AttemptEngine:
     def _record_lost(self, claim: Claim, attempt: _Attempt) -> AttemptReport:
         verdict = Verdict("retry", "lease expired; the attempt went back to the queue")
         with self.store.session() as session:
+            # The bed's lock before any other row, as claims.py orders them (no deadlock).
+            bed = session.get_one(Bed, self.bed_id, with_for_update=not self.store.is_sqlite)
             execution = session.get_one(Execution, claim.execution_id)
             attempt.fill(execution, verdict)
             execution.result = "LOST"
             # What this bed showed while it held the attempt still stands: quarantine it.
-            _quarantine(session, session.get_one(Bed, self.bed_id), attempt.quarantines)
+            _quarantine(session, bed, attempt.quarantines)
         return AttemptReport(claim, verdict, None, attempt.run_id, lost=True)
 
     def _finish(self, claim: Claim, attempt: _Attempt, verdict: Verdict) -> AttemptReport:
         """Record the verdict in one transaction, only if this bed still holds the attempt."""
         with self.store.session() as session:
+            # The bed's lock, then the attempt's, as claims.py orders them (no deadlock with
+            # a reconciler requeueing this attempt).
+            bed = session.get_one(Bed, self.bed_id, with_for_update=not self.store.is_sqlite)
             row = session.scalar(
                 select(Attempt).where(Attempt.id == claim.attempt_id).with_for_update()
             )
             execution = session.get_one(Execution, claim.execution_id)
-            bed = session.get_one(Bed, self.bed_id)
-            if execution.result is not None:
+            if execution.result is not None and execution.finished_at is not None:
                 # Recorded by an earlier try whose commit went through before the connection dropped.
                 done = execution.result if execution.result in Outcome.__members__ else None
                 return AttemptReport(
-                    claim, verdict, Outcome(done) if done else None, attempt.run_id
+                    claim,
+                    verdict,
+                    Outcome(done) if done else None,
+                    attempt.run_id,
+                    lost=execution.result == "LOST",
                 )
+            # LOST with no end yet: the reconciler took the attempt back while this bed worked.
+            taken_back = execution.reason if execution.result == "LOST" else None
             attempt.fill(execution, verdict)
             reasons = [*attempt.quarantines]
             if verdict.quarantine and verdict.quarantine not in reasons:
                 reasons.append(verdict.quarantine)
-            if row is None or row.state != AttemptState.RUNNING or row.bed_id != self.bed_id:
-                # The lease expired and the attempt moved on: keep this try as history only.
+            if (
+                taken_back is not None
+                or row is None
+                or row.state != AttemptState.RUNNING
+                or row.bed_id != self.bed_id
+            ):
+                # The lease expired and the attempt moved on: keep this try (its run id, score
+                # and envelope) as history only; the attempt is the new holder's.
                 execution.result = "LOST"
+                if taken_back:
+                    execution.reason = f"{taken_back}; it finished later: {verdict.reason}"
                 _quarantine(session, bed, reasons)
                 return AttemptReport(claim, verdict, None, attempt.run_id, lost=True)
             if (
@@ -381,6 +403,8 @@ class _Attempt:
         self.run_id: str | None = None
         #: run.json of the attempt's run, as the farm read it right after the run.
         self.record: RunRecord | None = None
+        #: What the run cost, from the adapter's record (read once the agent is stopped).
+        self.usage: Usage | None = None
         #: Every quarantine asked for during the attempt, in order; all are applied.
         self.quarantines: list[str] = []
         #: The last grade refused the run record, or stamped another model or run because of it.
@@ -443,6 +467,7 @@ class _Attempt:
             if verdict.action == "retry":
                 # The run's own infrastructure failure (a lost link, say) is the reason to give.
                 return run_verdict
+        self.usage = self._read_usage()
         if run_verdict.action != "continue":
             return run_verdict
         if run_verdict.adapter_not_started:
@@ -734,6 +759,15 @@ class _Attempt:
         ]
         return own[0] if len(own) == 1 else None
 
+    def _read_usage(self) -> Usage | None:
+        """The adapter's record of what the run cost (claude.json), read after the agent was
+        stopped and the bed verified: no process of the agent's can still rewrite it."""
+        name = USAGE_FILES.get(self.claim.spec.agent)
+        if name is None or self.run_id is None:
+            return None
+        path = f"{self.bed.runs_dir()}/{self.run_id}/{name}"
+        return read_usage(self.engine.transport.read_file(path, limit=USAGE_LIMIT))
+
     def _run_json(self, runs: str, run_id: str) -> dict[str, object] | None:
         """run.json of a run folder, read once per attempt (over SSH each read is a round trip)."""
         if run_id not in self._run_jsons:
@@ -836,3 +870,14 @@ class _Attempt:
         if self.envelope is not None:
             execution.envelope = self.envelope
             execution.envelope_sha256 = hashlib.sha256(self.envelope).hexdigest()
+        if self.usage is not None:
+            usage = self.usage
+            execution.cost_usd = usage.cost_usd
+            execution.input_tokens, execution.output_tokens = (
+                usage.input_tokens,
+                usage.output_tokens,
+            )
+            execution.cache_read_tokens = usage.cache_read_tokens
+            execution.cache_write_tokens = usage.cache_write_tokens
+            execution.turns, execution.adapter_status = usage.turns, usage.status
+            execution.provider_trouble = usage.provider_trouble

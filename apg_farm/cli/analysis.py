@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
+from apg_farm.cli.distributed import sweep_without_worker
 from apg_farm.errors import BadInput
 from apg_farm.results import (
     CheckPolicy,
@@ -37,6 +38,7 @@ from apg_farm.results import (
     watch_snapshot,
     write_baseline,
 )
+from apg_farm.store import Store
 from scheduler import sweep_status
 
 #: Report formats `apg-farm report --format` accepts.
@@ -119,7 +121,9 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
         return
     if not watch:
         out.print(render_watch(watch_snapshot(store, sweep_id)))
+        _warn_without_worker(store, sweep_id)
         return
+    _warn_without_worker(store, sweep_id)
     with Live(
         render_watch(watch_snapshot(store, sweep_id)), console=out, auto_refresh=False
     ) as live:
@@ -129,6 +133,12 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
             if snap["queued"] == 0 and not snap["running"]:
                 break
             time.sleep(interval)
+
+
+def _warn_without_worker(store: Store, sweep_id: int) -> None:
+    # Distributed mode: work left in a pool no live worker serves will not move by itself.
+    if problem := sweep_without_worker(store, sweep_id):
+        err.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
 
 
 def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:

@@ -182,8 +182,11 @@ def bed_add(
 def bed_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List beds, their pool and state."""
-    beds = list_beds(open_store())
+    """List beds, their pool and state (and, with a broker, whether each has a live worker)."""
+    store = open_store()
+    beds = list_beds(store)
+    # Only the distributed mode has workers to look for.
+    workers = distributed.bed_workers(store) if distributed.broker_configured() else None
     if as_json:
         print_json(
             [
@@ -197,13 +200,19 @@ def bed_list(
                     "host": b.host,
                     "escrow_set": b.escrow_set,
                     "untrusted_verifier": b.untrusted_verifier,
+                    **(
+                        {"worker": w.as_dict() if (w := workers.get(b.name)) else None}
+                        if workers is not None
+                        else {}
+                    ),
                 }
                 for b in beds
             ]
         )
         return
     table = Table(title="beds")
-    for column in ("name", "pool", "state", "reason", "approot", "verifier"):
+    columns = ["name", "pool", "state", "reason", "approot", "verifier"]
+    for column in columns + (["worker"] if workers is not None else []):
         table.add_column(column)
     for b in beds:
         style = "red" if b.state == BedState.QUARANTINED else ""
@@ -221,8 +230,12 @@ def bed_list(
             b.state_reason or "",
             b.approot if b.transport == "local" else f"{b.ssh_user}@{b.host}:{b.approot}",
             verifier,
+            *([distributed.describe_worker(workers.get(b.name))] if workers is not None else []),
         )
     out.print(table)
+    if workers is not None:
+        for problem in distributed.pools_without_worker(store):
+            err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
 
 
 @bed_app.command("doctor")

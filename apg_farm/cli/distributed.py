@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 from kombu.exceptions import KombuError
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.exceptions import RedisError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import func, select
@@ -22,7 +24,20 @@ from apg_farm.errors import BadInput, FarmError
 from apg_farm.settings import Settings, load_settings
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Bed, BedEvent, BedState, Store, Sweep, utcnow
-from scheduler import BED_MAINTENANCE, attempt_time_limits, bed_queue, pool_queue, reconcile
+from scheduler import (
+    BED_MAINTENANCE,
+    LIVE_WITHIN,
+    MAINTENANCE_EXPIRY,
+    WorkerSeen,
+    attempt_time_limits,
+    bed_queue,
+    live_workers,
+    maintenance_time_limits,
+    pool_queue,
+    reconcile,
+    store_now,
+    worker_beats,
+)
 from workers import WORKER_BED, make_app
 
 
@@ -72,24 +87,78 @@ def _safe_url(url: str) -> str:
     return re.sub(r"//[^@/]*@", "//***@", url)
 
 
-def _progress(store: Store, sweep_id: int) -> tuple[int, int, int]:
-    """(done, total, active beds of the sweep's pool)."""
+class WaitSettings(BaseSettings):
+    """How long `--wait` waits for a worker before it gives up."""
+
+    model_config = SettingsConfigDict(env_prefix="APG_FARM_", extra="ignore")
+
+    no_worker_grace: float = Field(default=60.0, gt=0)
+    """Seconds `sweep submit --wait` (and `run`, `sweep resume`) waits while the sweep's pool has no
+    live worker, then exits 1 saying so."""
+
+
+def no_worker_grace() -> float:
+    try:
+        return WaitSettings().no_worker_grace
+    except ValidationError:
+        raise BadInput(
+            "not a positive number of seconds",
+            field="APG_FARM_NO_WORKER_GRACE",
+            fix="e.g. APG_FARM_NO_WORKER_GRACE=60",
+        ) from None
+
+
+def _progress(store: Store, sweep_id: int) -> tuple[int, int, int, str]:
+    """(done, total, active beds of the sweep's pool, the pool)."""
     done, total = done_count(store, sweep_id)
     with store.read() as session:
-        pool = session.scalar(select(Sweep.pool).where(Sweep.id == sweep_id))
+        pool = session.scalar(select(Sweep.pool).where(Sweep.id == sweep_id)) or ""
         active = session.scalar(
             select(func.count())
             .select_from(Bed)
             .where(Bed.pool == pool, Bed.state == BedState.ACTIVE)
         )
-    return done, total, active or 0
+    return done, total, active or 0, pool
+
+
+def no_live_worker(store: Store, pool: str) -> str | None:
+    """Why nothing will run the pool's attempts (no worker beating on an active bed), or None."""
+    if live_workers(store, pool):
+        return None
+    with store.read() as session:
+        beds = list(
+            session.scalars(
+                select(Bed.name)
+                .where(Bed.pool == pool, Bed.state == BedState.ACTIVE)
+                .order_by(Bed.name)
+            )
+        )
+    last = [w for w in worker_beats(store, pool=pool) if w.bed in beds]
+    seen = (
+        f"; last beat {last[0].age:.0f} s ago from {last[0].name}"
+        if last
+        else "; none has ever beaten"
+    )
+    names = ", ".join(beds[:5]) + (", ..." if len(beds) > 5 else "")
+    example = beds[0] if beds else "NAME"
+    return (
+        f"pool {pool} has no live worker (none beat in the last {LIVE_WITHIN:.0f} s{seen}): "
+        f"start one per bed with `apg-farm worker --bed {example}`"
+        + (f" (beds: {names})" if beds else "")
+    )
 
 
 def wait_for_sweep(store: Store, sweep_id: int) -> bool:
-    """Block with a progress bar until every attempt has an outcome; reconcile while waiting."""
+    """Block with a progress bar until every attempt has an outcome; reconcile while waiting.
+
+    False (exit 1) when the pool has no active bed, or no live worker for the grace period.
+    """
     settings, broker_url = require_broker()
+    grace = no_worker_grace()
     app = make_app(settings)
     last_reconcile = time.monotonic()
+    no_worker_since: float | None = None
+    last_check = 0.0
     with Progress(
         TextColumn("[bold]attempts"),
         BarColumn(),
@@ -97,10 +166,10 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
         TimeElapsedColumn(),
         console=err,
     ) as progress:
-        done, total, _ = _progress(store, sweep_id)
+        done, total, _, _ = _progress(store, sweep_id)
         bar = progress.add_task("attempts", total=total, completed=done)
         while True:
-            done, total, active = _progress(store, sweep_id)
+            done, total, active, pool = _progress(store, sweep_id)
             progress.update(bar, completed=done, total=total)
             if done >= total:
                 return True
@@ -109,18 +178,88 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
                     "[red]no active bed in the sweep's pool[/]: release or add beds, then wait again"
                 )
                 return False
-            if time.monotonic() - last_reconcile >= settings.reconcile_seconds:
+            now = time.monotonic()
+            if now - last_check >= 1.0:
+                last_check = now
+                problem = no_live_worker(store, pool)
+                if problem is None:
+                    no_worker_since = None
+                elif no_worker_since is None:
+                    no_worker_since = now
+                    err.print(f"[yellow]{problem}[/]; waiting up to {grace:.0f} s for one")
+                elif now - no_worker_since >= grace:
+                    err.print(f"[red]gave up after {grace:.0f} s:[/] {problem}")
+                    return False
+            if now - last_reconcile >= settings.reconcile_seconds:
                 reconcile(store, app, broker_url, unacked_grace=settings.lease_seconds)
                 last_reconcile = time.monotonic()
             time.sleep(0.5)
 
 
-def maintenance_via_worker(store: Store, bed: Bed, action: str, *, timeout: float = 600) -> str:
-    """Send a maintenance action to the bed's own queue and wait for the event its worker records."""
+def sweep_without_worker(store: Store, sweep_id: int) -> str | None:
+    """What `sweep status` warns about: a sweep with work left whose pool no live worker serves.
+
+    None in the embedded mode, which has no workers to look for.
+    """
+    if not broker_configured():
+        return None
+    done, total, active, pool = _progress(store, sweep_id)
+    if done >= total or active == 0:
+        return None  # finished, or the status already shows every bed of the pool out
+    return no_live_worker(store, pool)
+
+
+def bed_workers(store: Store) -> dict[str, WorkerSeen]:
+    """Each bed's newest worker heartbeat, by bed name."""
+    newest: dict[str, WorkerSeen] = {}
+    for beat in worker_beats(store):
+        if beat.bed is not None and beat.bed not in newest:
+            newest[beat.bed] = beat
+    return newest
+
+
+def describe_worker(beat: WorkerSeen | None) -> str:
+    """One cell of `bed list`: whether the bed's worker is alive."""
+    if beat is None:
+        return "none"
+    where = f"{beat.host}:{beat.pid}"
+    if beat.live:
+        return f"live ({where})"
+    return f"lost ({where}, last beat {beat.age:.0f} s ago)"
+
+
+def pools_without_worker(store: Store) -> list[str]:
+    """What `bed list` warns about: one line per pool of active beds that no live worker serves."""
+    with store.read() as session:
+        pools = list(
+            session.scalars(
+                select(Bed.pool).where(Bed.state == BedState.ACTIVE).distinct().order_by(Bed.pool)
+            )
+        )
+    return [problem for pool in pools if (problem := no_live_worker(store, pool))]
+
+
+def maintenance_via_worker(
+    store: Store, bed: Bed, action: str, *, timeout: float = MAINTENANCE_EXPIRY
+) -> str:
+    """Send a maintenance action to the bed's own queue and wait for the event its worker records.
+
+    The message expires when this stops waiting: a worker that comes back later never runs it.
+    """
     settings, _ = require_broker()
     since = utcnow()
+    with store.read() as session:
+        # The store's clock, which the worker reads too: host clocks may disagree.
+        sent_at = store_now(session, store)
+    soft, hard = maintenance_time_limits()
     make_app(settings).send_task(
-        BED_MAINTENANCE, args=(bed.name, action), queue=bed_queue(bed.name)
+        BED_MAINTENANCE,
+        args=(bed.name, action),
+        kwargs={"sent_at": sent_at.isoformat(), "expires_in": timeout},
+        queue=bed_queue(bed.name),
+        expires=timeout,
+        soft_time_limit=soft,
+        time_limit=hard,
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -135,8 +274,10 @@ def maintenance_via_worker(store: Store, bed: Bed, action: str, *, timeout: floa
             return detail
         time.sleep(0.5)
     raise FarmError(
-        f"no answer from the worker of bed {bed.name} in {timeout:.0f} s",
-        fix=f"start it: apg-farm worker --bed {bed.name}",
+        f"no answer from the worker of bed {bed.name} in {timeout:.0f} s; the request expired "
+        "and will not run later",
+        fix=f"start it (apg-farm worker --bed {bed.name}), or wait until it finishes its attempt, "
+        "then ask again",
     )
 
 

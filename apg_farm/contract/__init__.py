@@ -74,6 +74,7 @@ from apg_farm.contract.outcomes import (
     judge_verify_before,
     with_quarantine,
 )
+from apg_farm.contract.usage import USAGE_FILES, USAGE_LIMIT, Usage, read_usage
 
 __all__ = [
     "ALLOWED_BASE_NAMES",
@@ -89,6 +90,8 @@ __all__ = [
     "TOKENS",
     "UNESCROWED",
     "UNFINGERPRINTED",
+    "USAGE_FILES",
+    "USAGE_LIMIT",
     "DdevFailure",
     "EnvelopeError",
     "Grade",
@@ -97,6 +100,7 @@ __all__ = [
     "RunIdDiscovery",
     "RunRecord",
     "Token",
+    "Usage",
     "Verdict",
     "bed_environment",
     "check_arg",
@@ -124,6 +128,7 @@ __all__ = [
     "provision",
     "read_grade",
     "read_output",
+    "read_usage",
     "reset",
     "restart",
     "run",

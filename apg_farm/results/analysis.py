@@ -1,25 +1,29 @@
 """A sweep's analysis: pass rates with intervals, pass@k, model comparisons, phases, beds, provenance.
 
 `analyse` extends `report.sweep_report` (same keys, more of them) and is what every report format,
-baseline and export is built from. It reads the store only; the arithmetic is in `stats`.
+baseline and export is built from. It reads the store only, through `queries`, which aggregate in
+the database; the arithmetic is in `stats`. Only the envelopes' provenance is read row by row, and
+streamed.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from apg_farm import __version__
-from apg_farm.contract import COUNTED, Outcome
-from apg_farm.results.report import CELL_COUNTS, sweep_report
-from apg_farm.results.stats import holm, paired_comparison, pass_at_k, pass_hat_k, quantile, wilson
-from apg_farm.store import Attempt, Bed, BedEvent, Execution, Phase, Store, Sweep
+from apg_farm.contract import Outcome
+from apg_farm.results import queries
+from apg_farm.results.report import CELL_COUNTS, report_from_cells
+from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
+from apg_farm.store import Bed, BedEvent, Store, Sweep
 
 #: pass@k and pass^k are reported at this k unless told otherwise (capped at the sweep's trials).
 DEFAULT_K = 5
@@ -96,21 +100,11 @@ def model_rows(cells: list[dict[str, Any]], models: list[str]) -> list[dict[str,
     return rows
 
 
-def _comparisons(
-    outcomes: dict[tuple[str, str, int], str], models: list[str]
-) -> list[dict[str, Any]]:
+def _comparisons(tally: queries.Tally, models: list[str]) -> list[dict[str, Any]]:
     """Every pair of models over the (task, trial) cells where both have a counted outcome."""
     rows: list[dict[str, Any]] = []
     for first, second in itertools.combinations(models, 2):
-        pairs = []
-        for (task, model, trial), outcome in outcomes.items():
-            if model != first or outcome not in COUNTED:
-                continue
-            other = outcomes.get((task, second, trial))
-            if other is None or other not in COUNTED:
-                continue
-            pairs.append((outcome == Outcome.PASSED, other == Outcome.PASSED))
-        result = paired_comparison(pairs)
+        result = paired_counts(*tally.pair(first, second))
         diff = result.difference
         rows.append(
             {
@@ -138,12 +132,21 @@ def _comparisons(
     return rows
 
 
-def _durations(values: list[float]) -> dict[str, Any]:
+def _phases(
+    session: Session, sweep_id: int, summary: queries.PhaseSummary
+) -> dict[str, dict[str, Any]]:
+    """Per phase, in the order executions run them: count, median, p95 and max of its durations."""
+    found = summary.phases
+    cuts = queries.group_quantiles(session, queries.phase_durations(sweep_id), (0.5, 0.95))
+    names = [p for p in PHASE_ORDER if p in found] + sorted(set(found) - set(PHASE_ORDER))
     return {
-        "count": len(values),
-        "median": quantile(values, 0.5),
-        "p95": quantile(values, 0.95),
-        "max": max(values) if values else None,
+        name: {
+            "count": found[name][0],
+            "median": cuts[name][0],
+            "p95": cuts[name][1],
+            "max": found[name][1],
+        }
+        for name in names
     }
 
 
@@ -177,137 +180,120 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+class _Provenance:
+    """Tallies of the graded envelopes' provenance, fed one envelope at a time."""
+
+    def __init__(self) -> None:
+        self.fingerprints: dict[str, Counter[str]] = {}
+        self.task_hashes: dict[str, Counter[str]] = {}
+        self.bed_prints: dict[str, Counter[str]] = {}
+        self.libraries: Counter[str] = Counter()
+        self.envelopes = 0
+
+    def add(self, task: str, bed: str, raw: bytes) -> None:
+        details, library = _envelope_details(raw)
+        self.envelopes += 1
+        if library:
+            self.libraries[library] += 1
+        for key in FINGERPRINTS:
+            _tally(self.fingerprints, key, details.get(key))
+        _tally(self.task_hashes, task, details.get("task_sha256"))
+        _tally(self.bed_prints, bed, details.get("grader_tree_sha256"))
+
+    def warnings(self) -> list[str]:
+        found = []
+        for key in ("grader_tree_sha256", "grader_class_sha256", "dataset_sha256"):
+            if len(self.fingerprints.get(key, {})) > 1:
+                found.append(
+                    f"{len(self.fingerprints[key])} different {key} values across the sweep's "
+                    "envelopes"
+                )
+        for task, hashes in sorted(self.task_hashes.items()):
+            if len(hashes) > 1:
+                found.append(f"task {task} was graded against {len(hashes)} different task_sha256")
+        return found
+
+
+def _beds(
+    session: Session, sweep: Sweep, names: dict[int, str], prints: dict[str, Counter[str]]
+) -> list[dict[str, Any]]:
+    """Per bed the sweep ran on: executions by result, retries, infra failures, quarantines."""
+    results: dict[str, Counter[str]] = {}
+    for bed_id, result, count in queries.execution_results(session, sweep.id):
+        if bed_id in names:
+            results.setdefault(names[bed_id], Counter())[result or "RUNNING"] += count
+    medians = queries.group_quantiles(session, queries.bed_seconds(sweep.id), (0.5,))
+    beds = {b.name: b for b in session.scalars(select(Bed).where(Bed.id.in_(names))).all()}
+    quarantines = dict(
+        session.execute(
+            select(Bed.name, func.count())
+            .join(BedEvent, BedEvent.bed_id == Bed.id)
+            .where(
+                Bed.id.in_(names),
+                BedEvent.kind == "quarantined",
+                BedEvent.at >= sweep.created_at,
+            )
+            .group_by(Bed.name)
+        ).all()
+    )
+    median_of = {names[bed_id]: cut[0] for bed_id, cut in medians.items() if bed_id in names}
+    rows = []
+    for name in sorted(results):
+        counts = results[name]
+        executions = sum(counts.values())
+        bed = beds.get(name)
+        infra = counts.get("RETRY", 0) + counts.get(Outcome.ERROR, 0)
+        rows.append(
+            {
+                "bed": name,
+                "executions": executions,
+                "retries": counts.get("RETRY", 0),
+                "state": bed.state if bed else "removed",
+                "reason": bed.state_reason if bed else None,
+                "results": dict(sorted(counts.items())),
+                "lost": counts.get("LOST", 0),
+                "infra_failure_rate": infra / executions if executions else None,
+                "quarantined_during_sweep": int(quarantines.get(name, 0)),
+                "median_bed_seconds": median_of.get(name),
+                "grader_tree_sha256": sorted(prints.get(name, {})),
+            }
+        )
+    return rows
+
+
 def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, Any]:
     """Everything the reports show, as one JSON-ready object (a superset of `sweep_report`)."""
-    report = sweep_report(store, sweep)
     spec = sweep.spec
     trials = int(spec.get("trials", 1) or 1)
     k = max(1, min(k or DEFAULT_K, trials))
+    provenance = _Provenance()
     with store.read() as session:
-        attempts = session.execute(
-            select(Attempt.id, Attempt.task, Attempt.model, Attempt.trial, Attempt.outcome).where(
-                Attempt.sweep_id == sweep.id
-            )
-        ).all()
-        executions = session.execute(
-            select(
-                Execution.id,
-                Execution.attempt_id,
-                Execution.result,
-                Execution.bed_seconds,
-                Execution.started_at,
-                Execution.finished_at,
-                Execution.envelope,
-                Bed.name,
-            )
-            .join(Attempt, Attempt.id == Execution.attempt_id)
-            .join(Bed, Bed.id == Execution.bed_id)
-            .where(Attempt.sweep_id == sweep.id)
-            .order_by(Execution.id)
-        ).all()
-        phases = session.execute(
-            select(Phase.name, Phase.duration)
-            .join(Execution, Execution.id == Phase.execution_id)
-            .join(Attempt, Attempt.id == Execution.attempt_id)
-            .where(Attempt.sweep_id == sweep.id)
-        ).all()
-        bed_names = sorted({row.name for row in executions})
-        beds = {
-            b.name: b for b in session.scalars(select(Bed).where(Bed.name.in_(bed_names))).all()
-        }
-        quarantines = Counter(
-            name
-            for (name,) in session.execute(
-                select(Bed.name)
-                .join(BedEvent, BedEvent.bed_id == Bed.id)
-                .where(
-                    Bed.name.in_(bed_names),
-                    BedEvent.kind == "quarantined",
-                    BedEvent.at >= sweep.created_at,
-                )
-            )
-        )
-
+        queries.tune(session)
+        tally = queries.attempt_tally(session, sweep.id, pairs=True)
+        summary = queries.phase_summary(session, sweep.id)
+        phases = _phases(session, sweep.id, summary)
+        # Every bed row (a pool's worth): a bed that ran none of this sweep is skipped below.
+        names = {bed_id: name for bed_id, name in session.execute(select(Bed.id, Bed.name))}
+        untrusted = sorted(names[b] for b in summary.untrusted if b in names)
+        report = report_from_cells(sweep, tally.cells, untrusted)
+        for task, bed_id, raw in queries.graded_envelopes(session, sweep.id, GRADED):
+            if bed_id in names:
+                provenance.add(task, names[bed_id], bytes(raw))
+        beds = _beds(session, sweep, names, provenance.bed_prints)
     cells = report["cells"]
     for cell in cells:
         cell.update({key: value for key, value in _rate_cell(cell["passed"], cell["n"], k).items()})
     models = [m for m in spec.get("models", []) if any(c["model"] == m for c in cells)]
     models += sorted({c["model"] for c in cells} - set(models))
-    by_attempt = {a.id: a for a in attempts}
-    outcome_of = {(a.task, a.model, a.trial): a.outcome for a in attempts if a.outcome}
-
-    durations: dict[str, list[float]] = defaultdict(list)
-    for name, duration in phases:
-        durations[name].append(float(duration))
-    phase_names = [p for p in PHASE_ORDER if p in durations] + sorted(
-        set(durations) - set(PHASE_ORDER)
-    )
-
-    bed_rows: dict[str, dict[str, Any]] = {}
-    fingerprints: dict[str, Counter[str]] = {}
-    task_hashes: dict[str, Counter[str]] = {}
-    bed_prints: dict[str, Counter[str]] = {}
-    libraries: Counter[str] = Counter()
-    envelopes = 0
-    bed_seconds: dict[str, list[float]] = defaultdict(list)
-    for ex in executions:
-        row = bed_rows.setdefault(
-            ex.name, {"bed": ex.name, "executions": 0, "results": Counter(), "retries": 0}
-        )
-        row["executions"] += 1
-        result = ex.result or "RUNNING"
-        row["results"][result] += 1
-        if ex.bed_seconds is not None:
-            bed_seconds[ex.name].append(float(ex.bed_seconds))
-        attempt = by_attempt.get(ex.attempt_id)
-        if ex.envelope is None or result not in GRADED or attempt is None:
-            continue
-        details, library = _envelope_details(ex.envelope)
-        envelopes += 1
-        if library:
-            libraries[library] += 1
-        for key in FINGERPRINTS:
-            _tally(fingerprints, key, details.get(key))
-        _tally(task_hashes, attempt.task, details.get("task_sha256"))
-        _tally(bed_prints, ex.name, details.get("grader_tree_sha256"))
-    bed_list = []
-    for name in bed_names:
-        row = bed_rows[name]
-        results: Counter[str] = row.pop("results")
-        bed = beds.get(name)
-        infra = results.get("RETRY", 0) + results.get(Outcome.ERROR, 0)
-        row.update(
-            {
-                "state": bed.state if bed else "removed",
-                "reason": bed.state_reason if bed else None,
-                "results": dict(sorted(results.items())),
-                "retries": results.get("RETRY", 0),
-                "lost": results.get("LOST", 0),
-                "infra_failure_rate": infra / row["executions"] if row["executions"] else None,
-                "quarantined_during_sweep": quarantines.get(name, 0),
-                "median_bed_seconds": quantile(bed_seconds[name], 0.5),
-                "grader_tree_sha256": sorted(bed_prints.get(name, {})),
-            }
-        )
-        bed_list.append(row)
-
-    warnings = []
-    for key in ("grader_tree_sha256", "grader_class_sha256", "dataset_sha256"):
-        if len(fingerprints.get(key, {})) > 1:
-            warnings.append(
-                f"{len(fingerprints[key])} different {key} values across the sweep's envelopes"
-            )
-    for task, hashes in sorted(task_hashes.items()):
-        if len(hashes) > 1:
-            warnings.append(f"task {task} was graded against {len(hashes)} different task_sha256")
+    comparisons = _comparisons(tally, models)
 
     report.update(
         {
             "k": k,
             "models": model_rows(cells, models),
-            "comparisons": _comparisons(outcome_of, models),
-            "phases": {name: _durations(durations[name]) for name in phase_names},
-            "beds": bed_list,
+            "comparisons": comparisons,
+            "phases": phases,
+            "beds": beds,
             "provenance": {
                 "farm_version": __version__,
                 "spec_sha256": sweep.spec_sha256,
@@ -316,11 +302,15 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
                 "created_at": _iso(sweep.created_at),
                 "sealed_at": _iso(sweep.sealed_at),
                 "seal_sha256": sweep.seal_sha256,
-                "envelopes": envelopes,
-                "eval_libraries": dict(sorted(libraries.items())),
-                "fingerprints": {key: dict(sorted(v.items())) for key, v in fingerprints.items()},
-                "task_sha256": {t: dict(sorted(v.items())) for t, v in sorted(task_hashes.items())},
-                "warnings": warnings,
+                "envelopes": provenance.envelopes,
+                "eval_libraries": dict(sorted(provenance.libraries.items())),
+                "fingerprints": {
+                    key: dict(sorted(v.items())) for key, v in provenance.fingerprints.items()
+                },
+                "task_sha256": {
+                    t: dict(sorted(v.items())) for t, v in sorted(provenance.task_hashes.items())
+                },
+                "warnings": provenance.warnings(),
             },
         }
     )

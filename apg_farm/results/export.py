@@ -164,42 +164,43 @@ def _write(path: Path, data: bytes) -> None:
 def export_eee(store: Store, sweep: Sweep, directory: Path) -> Exported:
     """Write the export; envelopes that do not validate any more are left out and named."""
     result = Exported()
-    with store.session() as session:
-        graded = session.execute(
-            select(Execution.id, Attempt.task, Attempt.model, Attempt.trial, Execution.number)
-            .join(Execution, Execution.attempt_id == Attempt.id)
-            .where(
-                Attempt.sweep_id == sweep.id,
-                Attempt.outcome.in_(GRADED),
-                Execution.result == Attempt.outcome,
-                Execution.envelope.is_not(None),
-            )
-            .order_by(Attempt.task, Attempt.model, Attempt.trial, Execution.number)
-        ).all()
-    # Envelopes are read a batch at a time, in short transactions: a big sweep holds gigabytes.
-    for offset in range(0, len(graded), _BATCH):
-        batch = graded[offset : offset + _BATCH]
-        with store.session() as session:
-            envelopes = {
-                execution_id: envelope
-                for execution_id, envelope in session.execute(
-                    select(Execution.id, Execution.envelope).where(
-                        Execution.id.in_([row.id for row in batch])
+    graded = (
+        select(Execution.id, Attempt.task, Attempt.model, Attempt.trial, Execution.number)
+        .join(Execution, Execution.attempt_id == Attempt.id)
+        .where(
+            Attempt.sweep_id == sweep.id,
+            Attempt.outcome.in_(GRADED),
+            Execution.result == Attempt.outcome,
+            Execution.envelope.is_not(None),
+        )
+        .order_by(Attempt.task, Attempt.model, Attempt.trial, Execution.number)
+    )
+    # A big sweep holds millions of rows and gigabytes of envelopes: the keys are streamed from
+    # one read, the envelopes fetched a batch at a time, each batch in a read of its own.
+    with store.read() as listing:
+        for batch in listing.execute(graded, execution_options={"yield_per": _BATCH}).partitions():
+            with store.read() as session:
+                envelopes = {
+                    execution_id: envelope
+                    for execution_id, envelope in session.execute(
+                        select(Execution.id, Execution.envelope).where(
+                            Execution.id.in_([row.id for row in batch])
+                        )
                     )
-                )
-            }
-        for execution_id, task, model, trial, number in batch:
-            data = bytes(envelopes.get(execution_id) or b"")
-            name = f"{task} {model} trial {trial} execution {number}"
-            try:
-                problems = schema_errors(json.loads(data))
-            except ValueError as error:
-                problems = [f"not JSON: {error}"]
-            if problems:
-                result.skipped.append(f"{name}: {problems[0]}")
-                continue
-            _write(directory / "attempts" / task / model_slug(model) / f"trial-{trial}.json", data)
-            result.attempts += 1
+                }
+            for execution_id, task, model, trial, number in batch:
+                data = bytes(envelopes.get(execution_id) or b"")
+                name = f"{task} {model} trial {trial} execution {number}"
+                try:
+                    problems = schema_errors(json.loads(data))
+                except ValueError as error:
+                    problems = [f"not JSON: {error}"]
+                if problems:
+                    result.skipped.append(f"{name}: {problems[0]}")
+                    continue
+                path = directory / "attempts" / task / model_slug(model) / f"trial-{trial}.json"
+                _write(path, data)
+                result.attempts += 1
     analysis = analyse(store, sweep)
     now_epoch = int(utcnow().timestamp())
     for cell in analysis["cells"]:

@@ -1,15 +1,19 @@
-"""Sweep reports: outcome counts and per-(task, model) pass rates with Wilson intervals."""
+"""Sweep reports: outcome counts and per-(task, model) pass rates with Wilson intervals.
+
+The counts are grouped by the database: a report reads one row per (task, model, outcome).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import COUNTED, Outcome
 from apg_farm.errors import NotFound
+from apg_farm.results.queries import UNTRUSTED_VERIFY, attempt_tally
 from apg_farm.results.stats import wilson
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, Sweep
 
@@ -52,8 +56,7 @@ def untrusted_beds(session: Session, sweep_id: int) -> list[str]:
         .join(Execution, Execution.bed_id == Bed.id)
         .join(Attempt, Attempt.id == Execution.attempt_id)
         .join(Phase, Phase.execution_id == Execution.id)
-        .where(Attempt.sweep_id == sweep_id, Phase.name == "verify_after")
-        .where(cast(Phase.argv, Text).contains('"ai-eval-verify"'))
+        .where(Attempt.sweep_id == sweep_id, UNTRUSTED_VERIFY)
     )
     return sorted(names)
 
@@ -61,18 +64,18 @@ def untrusted_beds(session: Session, sweep_id: int) -> list[str]:
 def sweep_report(store: Store, sweep: Sweep) -> dict[str, Any]:
     """The report as one JSON-ready object: {"sweep", "outcomes", "cells", "untrusted_verifier"}."""
     with store.read() as session:
-        rows = session.execute(
-            select(Attempt.task, Attempt.model, Attempt.state, Attempt.outcome).where(
-                Attempt.sweep_id == sweep.id
-            )
-        ).all()
+        cells = attempt_tally(session, sweep.id).cells
         untrusted = untrusted_beds(session, sweep.id)
+    return report_from_cells(sweep, cells, untrusted)
+
+
+def report_from_cells(
+    sweep: Sweep, cells: dict[tuple[str, str], Counter[str]], untrusted: list[str]
+) -> dict[str, Any]:
+    """`sweep_report` from attempts already counted per (task, model) and outcome or state."""
     outcomes: Counter[str] = Counter()
-    cells: dict[tuple[str, str], Counter[str]] = {}
-    for task, model, state, outcome in rows:
-        key = outcome or state.upper()
-        outcomes[key] += 1
-        cells.setdefault((task, model), Counter())[key] += 1
+    for counts in cells.values():
+        outcomes.update(counts)
     spec = sweep.spec
     order = {t: i for i, t in enumerate(spec.get("tasks", []))}
     morder = {m: i for i, m in enumerate(spec.get("models", []))}
@@ -100,7 +103,7 @@ def sweep_report(store: Store, sweep: Sweep) -> dict[str, Any]:
             "id": sweep.id,
             "name": sweep.name,
             "state": sweep.state,
-            "attempts": len(rows),
+            "attempts": sum(outcomes.values()),
             "spec_sha256": sweep.spec_sha256,
         },
         "outcomes": dict(sorted(outcomes.items())),

@@ -132,6 +132,21 @@ NOT_SEALED: dict[str, dict[str, str]] = {
     },
     "executions": {
         "id": "a surrogate key; an execution is named by its attempt and number",
+        **dict.fromkeys(
+            (
+                "cost_usd",
+                "input_tokens",
+                "output_tokens",
+                "cache_read_tokens",
+                "cache_write_tokens",
+                "turns",
+                "adapter_status",
+                "provider_trouble",
+            ),
+            "what the run cost and how its adapter ended, copied from the adapter's record in "
+            "the bed (untrusted figures); no verdict rests on it yet. Sealing it changes every "
+            "manifest's digests: it comes with a manifest version (issue #12)",
+        ),
     },
     "phases": {
         "id": "a surrogate key; only its order counts, sealed as the phase's position in its name",
@@ -143,6 +158,7 @@ NOT_SEALED: dict[str, dict[str, str]] = {
 #: bed's name, and what a bed command saw is in its phase's record and output.
 NOT_SEALED_TABLES: dict[str, str] = {
     "beds": "the pool's current state, shared by all sweeps; each execution's bed name is sealed",
+    "worker_beats": "which worker processes are alive now: operations, not a sweep's evidence",
     "bed_events": "the beds' history, not a sweep's",
 }
 

@@ -1,7 +1,8 @@
 """Statistics for pass rates and model comparisons. Pure functions, no store access.
 
 Every function here is checked against published values in tests/test_stats.py; docs/analysis.md
-says why each method was chosen.
+says why each method was chosen. Each costs the same whatever the counts are (`binomial` says how),
+so a sweep of a million attempts is analysed as fast as one of a hundred.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from apg_farm.results.binomial import DIRECT, binomial_ratio, chen_product, lower_tail_half
 
 #: z for a two-sided 95 % interval.
 Z95 = 1.959963984540054
@@ -45,8 +48,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     _check_counts(n, c, k)
     if n - c < k:
         return 1.0
-    # The product form of Chen et al. avoids huge binomials: prod_{i=n-c+1}^{n} (1 - k/i).
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    if c <= DIRECT:
+        # The product form of Chen et al. avoids huge binomials; past DIRECT factors it would cost
+        # O(c), and the bounded forms of `binomial_ratio` take over.
+        return 1.0 - chen_product(n, c, k)
+    return 1.0 - binomial_ratio(n - c, n, k)
 
 
 def pass_hat_k(n: int, c: int, k: int) -> float:
@@ -57,21 +63,22 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     _check_counts(n, c, k)
     if c < k:
         return 0.0
-    return math.prod((c - i) / (n - i) for i in range(k))
+    return binomial_ratio(c, n, k)
 
 
 def binomial_two_sided(successes: int, n: int) -> float:
     """Exact two-sided p of `successes` out of n under p = 1/2: the sign test.
 
-    p = min(1, 2 * P(X <= min(s, n - s))) for X ~ Binomial(n, 1/2); 1.0 when n is 0.
+    p = min(1, 2 * P(X <= min(s, n - s))) for X ~ Binomial(n, 1/2); 1.0 when n is 0. The tail is
+    the regularized incomplete beta function (`binomial.lower_tail_half`), not a sum of n terms.
     """
     if n < 0 or successes < 0 or successes > n:
         raise ValueError(f"need 0 <= successes <= n, got {successes}, n={n}")
-    if n == 0:
+    low = min(successes, n - successes)
+    if 2 * low + 1 >= n:
+        # At or next to the centre P(X <= low) >= 1/2 by symmetry: p is 1 (and n = 0 lands here).
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(successes, n - successes) + 1))
-    # Exact integer arithmetic until the one division: no underflow for large n.
-    return min(1.0, 2 * tail / (1 << n))
+    return min(1.0, 2.0 * lower_tail_half(low, n))
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -179,13 +186,9 @@ class PairedComparison:
         return self.both + self.first_only + self.second_only + self.neither
 
 
-def paired_comparison(pairs: Iterable[tuple[bool, bool]]) -> PairedComparison:
-    """Compare two models from (first passed, second passed) per shared cell."""
-    counts = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
-    for first, second in pairs:
-        counts[(bool(first), bool(second))] += 1
-    a, b = counts[(True, True)], counts[(True, False)]
-    c, d = counts[(False, True)], counts[(False, False)]
+def paired_counts(a: int, b: int, c: int, d: int) -> PairedComparison:
+    """Compare two models from their 2x2 table: a both passed, b only the first, c only the
+    second, d neither. What `paired_comparison` computes, from counts a query already grouped."""
     return PairedComparison(
         both=a,
         first_only=b,
@@ -193,4 +196,14 @@ def paired_comparison(pairs: Iterable[tuple[bool, bool]]) -> PairedComparison:
         neither=d,
         difference=newcombe_paired(a, b, c, d),
         p_value=mcnemar_exact(b, c),
+    )
+
+
+def paired_comparison(pairs: Iterable[tuple[bool, bool]]) -> PairedComparison:
+    """Compare two models from (first passed, second passed) per shared cell."""
+    counts = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
+    for first, second in pairs:
+        counts[(bool(first), bool(second))] += 1
+    return paired_counts(
+        counts[(True, True)], counts[(True, False)], counts[(False, True)], counts[(False, False)]
     )

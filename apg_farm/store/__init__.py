@@ -25,6 +25,7 @@ from apg_farm.store.models import (
     Phase,
     Sweep,
     SweepState,
+    UTCDateTime,
     WorkerBeat,
     utcnow,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Store",
     "Sweep",
     "SweepState",
+    "UTCDateTime",
     "WorkerBeat",
     "claim_next",
     "normalize_url",

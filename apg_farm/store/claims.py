@@ -3,14 +3,22 @@
 A bed claims with one conditional UPDATE (queued -> running, its bed id, a lease, delivery + 1).
 A claim that matches no row means another bed won: it simply tries the next attempt. The holder
 renews the lease while it works; the reconciler returns attempts whose lease expired.
+
+Leases are stamped and judged with the database's clock (Store.now), never a host's: a worker
+whose clock runs behind, or a reconciler whose clock runs ahead, cannot expire a live lease.
+
+Lock order, on every path that takes both: the bed rows first (in id order), then the attempt
+rows. A claimer locks its bed then skips attempts others hold; the reconciler locks the beds of
+the expired attempts then those attempts; the engine recording an end locks its bed then its
+attempt. Two transactions never wait for each other in opposite orders.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import UNESCROWED, UNFINGERPRINTED, Outcome
@@ -85,7 +93,7 @@ def claim_next(
         bed = session.get(Bed, bed_id, with_for_update=not store.is_sqlite)
         if bed is None or bed.state != BedState.ACTIVE:
             return None
-        if _busy(session, bed_id):
+        if _busy(store, session, bed_id):
             return None
         if refusal := _unattended_refusal(bed):
             # No unattended attempt on a bed whose verifier the agent could rewrite.
@@ -130,7 +138,7 @@ def claim_next(
                     .values(
                         state=AttemptState.RUNNING,
                         bed_id=bed_id,
-                        lease_expires_at=now + timedelta(seconds=lease_seconds),
+                        lease_expires_at=store.now_plus(lease_seconds),
                         deliveries=Attempt.deliveries + 1,
                     )
                     .execution_options(synchronize_session=False)
@@ -175,19 +183,20 @@ def _unattended_refusal(bed: Bed) -> str | None:
     return None
 
 
-def _busy(session: Session, bed_id: int) -> bool:
+def _busy(store: Store, session: Session, bed_id: int) -> bool:
     """True while the bed holds a live claim: a bed never runs two attempts at once.
 
     A claim whose lease already ran out (its worker died) is given back first, so a restarted
-    worker need not wait for the reconciler.
+    worker need not wait for the reconciler. The caller holds the bed's lock.
     """
-    held = session.scalars(
-        select(Attempt).where(Attempt.bed_id == bed_id, Attempt.state == AttemptState.RUNNING)
+    held = session.execute(
+        select(Attempt.id, Attempt.lease_expires_at < store.now())
+        .where(Attempt.bed_id == bed_id, Attempt.state == AttemptState.RUNNING)
+        .order_by(Attempt.id)
     ).all()
-    now = utcnow()
-    for attempt in held:
-        if attempt.lease_expires_at is not None and attempt.lease_expires_at < now:
-            _requeue(session, [attempt.id])
+    for attempt_id, expired in held:
+        if expired:
+            _requeue(session, [attempt_id])
         else:
             return True
     return False
@@ -227,7 +236,7 @@ def renew_lease(store: Store, claim: Claim, *, lease_seconds: float) -> bool:
                     Attempt.state == AttemptState.RUNNING,
                     Attempt.bed_id == claim.bed_id,
                 )
-                .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
+                .values(lease_expires_at=store.now_plus(lease_seconds))
                 .execution_options(synchronize_session=False)
             )
         )
@@ -238,10 +247,25 @@ def requeue_expired(store: Store) -> int:
     """Return attempts whose lease ran out (their bed or worker died) to the queue.
 
     Their unfinished execution is closed as LOST, so the history shows the try that was cut short.
+    The beds of those attempts are locked first (in id order), then the attempts, as the claim
+    and the engine do; an attempt another transaction holds (its holder recording the end) is
+    left for the next pass.
     """
     with store.session() as session:
-        query = select(Attempt.id).where(
-            Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < utcnow()
+        now = store.now()
+        expired = (Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < now)
+        found = list(session.scalars(select(Attempt.bed_id).where(*expired).distinct()))
+        if not found:
+            return 0
+        beds = sorted(b for b in found if b is not None)
+        if beds and not store.is_sqlite:
+            session.execute(
+                select(Bed.id).where(Bed.id.in_(beds)).order_by(Bed.id).with_for_update()
+            )
+        query = (
+            select(Attempt.id)
+            .where(*expired, or_(Attempt.bed_id.in_(beds), Attempt.bed_id.is_(None)))
+            .order_by(Attempt.id)
         )
         if not store.is_sqlite:
             query = query.with_for_update(skip_locked=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -13,14 +15,31 @@ from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import CursorResult, Engine, Result, create_engine, event
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Engine,
+    Interval,
+    Result,
+    create_engine,
+    event,
+    func,
+    literal,
+)
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from apg_farm.errors import BadInput, StoreError
+from apg_farm.store.models import UTCDateTime, utcnow
 
 T = TypeVar("T")
+
+#: PostgreSQL's deadlock (40P01) and serialization failure (40001): the server rolled the
+#: transaction back, and running it again is how it is meant to be handled.
+_RETRY_SQLSTATES = frozenset({"40P01", "40001"})
+#: The URL query flag saying the server is reached through PgBouncer in transaction pooling mode.
+PGBOUNCER_FLAG = "pgbouncer"
 
 
 def normalize_url(url: str) -> str:
@@ -59,10 +78,31 @@ def _alembic_config(connection: Any) -> Config:
 
 
 class Store:
-    """The database behind the farm: one engine, short transactions."""
+    """The database behind the farm: one engine, short transactions.
 
-    def __init__(self, url: str, *, upgrade: bool = True) -> None:
+    `pool_size` caps the PostgreSQL connections this process holds (no overflow beyond it; a
+    session that finds every connection taken waits `pool_timeout` seconds, then fails). Left
+    unset, a process may open up to 40 (20 + 20 overflow): right for one scheduler or CLI, far
+    too many for a Celery worker per bed, whose few threads (the attempt, its lease renewal, a
+    heartbeat) each hold one short transaction at a time: workers pass 2.
+
+    `pgbouncer=True`, or `?pgbouncer=true` in the URL, is for a server reached through PgBouncer in
+    transaction pooling mode: psycopg then never uses server-side prepared statements, which
+    would meet another client's session there. The flag is taken off the URL given to the driver.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        upgrade: bool = True,
+        pool_size: int | None = None,
+        pool_timeout: float = 30.0,
+        pgbouncer: bool | None = None,
+    ) -> None:
         self.url = normalize_url(url)
+        self.pool_size = pool_size
+        self.pool_timeout = pool_timeout
         try:
             parsed = make_url(self.url)
         except ArgumentError:
@@ -78,7 +118,11 @@ class Store:
                 fix="use sqlite:///path/farm.db or postgresql://user@host/db",
             )
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
-        self.engine = self._make_engine(parsed.database)
+        flag = parsed.query.get(PGBOUNCER_FLAG)
+        self.pgbouncer = (
+            pgbouncer if pgbouncer is not None else _truthy(flag if isinstance(flag, str) else None)
+        )
+        self.engine = self._make_engine(parsed.difference_update_query([PGBOUNCER_FLAG]))
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._readers = sessionmaker(
             self.engine.execution_options(apg_read=True), expire_on_commit=False
@@ -86,12 +130,24 @@ class Store:
         if upgrade:
             self.upgrade()
 
-    def _make_engine(self, database: str | None) -> Engine:
+    def _make_engine(self, url: URL) -> Engine:
         if not self.is_sqlite:
-            return create_engine(self.url, pool_pre_ping=True, pool_size=20, max_overflow=20)
+            # PgBouncer (transaction pooling) hands each transaction to any server session:
+            # a statement psycopg prepared on one would be missing, or another's, on the next.
+            connect_args = {"prepare_threshold": None} if self.pgbouncer else {}
+            size, overflow = (20, 20) if self.pool_size is None else (self.pool_size, 0)
+            return create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_size=size,
+                max_overflow=overflow,
+                pool_timeout=self.pool_timeout,
+                connect_args=connect_args,
+            )
+        database = url.database
         if database and database != ":memory:":
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 60})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
@@ -138,7 +194,8 @@ class Store:
             yield session
 
     def retrying(self, work: Callable[[], T], *, tries: int = 6) -> T:
-        """Run `work` (one or more whole transactions) again when the database connection drops.
+        """Run `work` (one or more whole transactions) again when the database connection drops,
+        or when PostgreSQL rolled it back as a deadlock's victim or a serialization failure.
 
         `work` must be safe to repeat: the engine's writes check what is already recorded first.
         """
@@ -146,15 +203,37 @@ class Store:
         for attempt in range(1, tries + 1):
             try:
                 return work()
-            except (OperationalError, InterfaceError) as error:
-                if attempt == tries or not _is_disconnect(error):
+            except DBAPIError as error:
+                if attempt == tries or not _is_transient(error):
                     raise
-                time.sleep(delay)
+                # Jittered, so two transactions that deadlocked do not meet again in step.
+                time.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
+    def now(self) -> ColumnElement[datetime]:
+        """The current time as SQL: the server's clock on PostgreSQL, so leases stamped and
+        judged by different hosts share one clock; this process's on SQLite (one host)."""
+        if self.is_sqlite:
+            return literal(utcnow(), UTCDateTime())
+        return func.statement_timestamp()
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        """`now()` moved by `seconds` (negative for the past), as SQL."""
+        if self.is_sqlite:
+            return literal(utcnow() + timedelta(seconds=seconds), UTCDateTime())
+        return func.statement_timestamp() + literal(timedelta(seconds=seconds), Interval())
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_transient(error: DBAPIError) -> bool:
+    return _is_disconnect(error) or getattr(error.orig, "sqlstate", None) in _RETRY_SQLSTATES
 
 
 def _is_disconnect(error: DBAPIError) -> bool:

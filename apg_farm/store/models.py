@@ -208,6 +208,9 @@ class Attempt(Base):
     __table_args__ = (
         UniqueConstraint("sweep_id", "task", "model", "trial", name="uq_attempts_key"),
         Index("ix_attempts_claim", "pool", "state", "seq"),
+        # The reconciler pages through queued attempts in queue order, the lease sweep finds the
+        # running ones: both read the attempts in flight, never the finished history (0006).
+        Index("ix_attempts_state_seq", "state", "seq", "id"),
         # The database itself refuses a second running attempt on one bed.
         Index(
             "uq_attempts_running_bed",
@@ -266,6 +269,18 @@ class Execution(Base):
     envelope: Mapped[bytes | None] = mapped_column(LargeBinary)
     envelope_sha256: Mapped[str | None] = mapped_column(String(64))
     bed_seconds: Mapped[float | None] = mapped_column(Float)
+    #: What the run cost and used, from the adapter's record (claude.json; contract/usage.py).
+    #: Written in the bed, so untrusted: figures only, never a verdict.
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    input_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    output_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cache_read_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cache_write_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    turns: Mapped[int | None] = mapped_column(BigInteger)
+    #: The adapter's word for how the run ended (Claude Code's subtype).
+    adapter_status: Mapped[str | None] = mapped_column(String(64))
+    #: rate_limited, overloaded, auth_expired or api_error when the record blames the provider.
+    provider_trouble: Mapped[str | None] = mapped_column(String(32))
 
     attempt: Mapped[Attempt] = relationship(back_populates="executions")
     phases: Mapped[list[Phase]] = relationship(order_by="Phase.id")

@@ -1,0 +1,460 @@
+"""The report at scale: aggregated by the database, equal to the row-by-row analysis it replaced.
+
+Two checks. On both backends, a small sweep with every awkward case (running and cancelled
+attempts, an outcome outside the enum, a model outside the spec, bad and conflicting envelopes, a
+quarantine) gives JSON identical, byte for byte, to the analysis as computed before issue #11: every
+row read into Python (`row_by_row` below keeps that code as the oracle). On SQLite, a sweep of
+200,000 executions written by bulk inserts gives the counts its generator tallied, while the
+report's Python allocations stay far below what loading the rows would take.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tracemalloc
+from collections import Counter, defaultdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Text, cast, select, update
+
+from apg_farm import __version__
+from apg_farm.cli.analysis import report_command
+from apg_farm.contract import COUNTED, Outcome
+from apg_farm.results import analyse, find_sweep, sweep_report, watch_snapshot
+from apg_farm.results.analysis import (
+    DEFAULT_K,
+    FINGERPRINTS,
+    GRADED,
+    PHASE_ORDER,
+    _envelope_details,
+    _rate_cell,
+    model_rows,
+)
+from apg_farm.results.report import CELL_COUNTS
+from apg_farm.results.stats import holm, paired_comparison, quantile, wilson
+from apg_farm.store import Attempt, Bed, BedEvent, Execution, Phase, Store, Sweep
+from bench.report_bench import T0, build_sweep
+
+# --- the oracle: the analysis as it was, every row in Python -------------------------------------
+
+
+def _old_report(store: Store, sweep: Sweep) -> dict[str, Any]:
+    with store.read() as session:
+        rows = session.execute(
+            select(Attempt.task, Attempt.model, Attempt.state, Attempt.outcome).where(
+                Attempt.sweep_id == sweep.id
+            )
+        ).all()
+        untrusted = sorted(
+            session.scalars(
+                select(Bed.name)
+                .distinct()
+                .join(Execution, Execution.bed_id == Bed.id)
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .join(Phase, Phase.execution_id == Execution.id)
+                .where(Attempt.sweep_id == sweep.id, Phase.name == "verify_after")
+                .where(cast(Phase.argv, Text).contains('"ai-eval-verify"'))
+            )
+        )
+    outcomes: Counter[str] = Counter()
+    cells: dict[tuple[str, str], Counter[str]] = {}
+    for task, model, state, outcome in rows:
+        key = outcome or state.upper()
+        outcomes[key] += 1
+        cells.setdefault((task, model), Counter())[key] += 1
+    order = {t: i for i, t in enumerate(sweep.spec.get("tasks", []))}
+    morder = {m: i for i, m in enumerate(sweep.spec.get("models", []))}
+    out_cells = []
+    for (task, model), counts in sorted(
+        cells.items(), key=lambda kv: (order.get(kv[0][0], 1e9), morder.get(kv[0][1], 1e9), kv[0])
+    ):
+        n = sum(counts[o] for o in COUNTED)
+        passed = counts[Outcome.PASSED]
+        low, high = wilson(passed, n)
+        cell: dict[str, Any] = {"task": task, "model": model, "n": n}
+        cell.update({name: counts[o] for o, name in CELL_COUNTS.items()})
+        cell.update(
+            {
+                "pending": counts["QUEUED"] + counts["RUNNING"],
+                "cancelled": counts[Outcome.CANCELLED],
+                "pass_rate": passed / n if n else None,
+                "ci_low": low if n else None,
+                "ci_high": high if n else None,
+            }
+        )
+        out_cells.append(cell)
+    return {
+        "sweep": {
+            "id": sweep.id,
+            "name": sweep.name,
+            "state": sweep.state,
+            "attempts": len(rows),
+            "spec_sha256": sweep.spec_sha256,
+        },
+        "outcomes": dict(sorted(outcomes.items())),
+        "cells": out_cells,
+        "untrusted_verifier": untrusted,
+    }
+
+
+def _old_comparisons(
+    outcomes: dict[tuple[str, str, int], str], models: list[str]
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for first, second in itertools.combinations(models, 2):
+        pairs = []
+        for (task, model, trial), outcome in outcomes.items():
+            if model != first or outcome not in COUNTED:
+                continue
+            other = outcomes.get((task, second, trial))
+            if other is None or other not in COUNTED:
+                continue
+            pairs.append((outcome == Outcome.PASSED, other == Outcome.PASSED))
+        result = paired_comparison(pairs)
+        diff = result.difference
+        rows.append(
+            {
+                "model_a": first,
+                "model_b": second,
+                "pairs": result.pairs,
+                "both": result.both,
+                "a_only": result.first_only,
+                "b_only": result.second_only,
+                "neither": result.neither,
+                "rate_a": (result.both + result.first_only) / result.pairs
+                if result.pairs
+                else None,
+                "rate_b": (result.both + result.second_only) / result.pairs
+                if result.pairs
+                else None,
+                "diff": diff.estimate,
+                "diff_low": diff.low,
+                "diff_high": diff.high,
+                "p_value": result.p_value,
+            }
+        )
+    for row, adjusted in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
+        row["p_holm"] = adjusted
+    return rows
+
+
+def row_by_row(store: Store, sweep: Sweep, k: int | None = None) -> dict[str, Any]:
+    """`analyse` as it was before the database aggregated it (apg-farm 0.1.0)."""
+    report = _old_report(store, sweep)
+    spec = sweep.spec
+    trials = int(spec.get("trials", 1) or 1)
+    k = max(1, min(k or DEFAULT_K, trials))
+    with store.read() as session:
+        attempts = session.execute(
+            select(Attempt.id, Attempt.task, Attempt.model, Attempt.trial, Attempt.outcome).where(
+                Attempt.sweep_id == sweep.id
+            )
+        ).all()
+        executions = session.execute(
+            select(
+                Execution.attempt_id,
+                Execution.result,
+                Execution.bed_seconds,
+                Execution.envelope,
+                Bed.name,
+            )
+            .join(Attempt, Attempt.id == Execution.attempt_id)
+            .join(Bed, Bed.id == Execution.bed_id)
+            .where(Attempt.sweep_id == sweep.id)
+            .order_by(Execution.id)
+        ).all()
+        phases = session.execute(
+            select(Phase.name, Phase.duration)
+            .join(Execution, Execution.id == Phase.execution_id)
+            .join(Attempt, Attempt.id == Execution.attempt_id)
+            .where(Attempt.sweep_id == sweep.id)
+        ).all()
+        bed_names = sorted({row.name for row in executions})
+        beds = {b.name: b for b in session.scalars(select(Bed).where(Bed.name.in_(bed_names)))}
+        quarantines = Counter(
+            session.scalars(
+                select(Bed.name)
+                .join(BedEvent, BedEvent.bed_id == Bed.id)
+                .where(
+                    Bed.name.in_(bed_names),
+                    BedEvent.kind == "quarantined",
+                    BedEvent.at >= sweep.created_at,
+                )
+            )
+        )
+    cells = report["cells"]
+    for cell in cells:
+        cell.update(_rate_cell(cell["passed"], cell["n"], k))
+    models = [m for m in spec.get("models", []) if any(c["model"] == m for c in cells)]
+    models += sorted({c["model"] for c in cells} - set(models))
+    by_attempt = {a.id: a for a in attempts}
+    outcome_of = {(a.task, a.model, a.trial): a.outcome for a in attempts if a.outcome}
+    durations: dict[str, list[float]] = defaultdict(list)
+    for name, duration in phases:
+        durations[name].append(float(duration))
+    phase_names = [p for p in PHASE_ORDER if p in durations] + sorted(
+        set(durations) - set(PHASE_ORDER)
+    )
+    bed_rows: dict[str, dict[str, Any]] = {}
+    fingerprints: dict[str, Counter[str]] = {}
+    task_hashes: dict[str, Counter[str]] = {}
+    bed_prints: dict[str, Counter[str]] = {}
+    libraries: Counter[str] = Counter()
+    envelopes = 0
+    seconds: dict[str, list[float]] = defaultdict(list)
+    for attempt_id, result, bed_seconds, envelope, name in executions:
+        row = bed_rows.setdefault(
+            name, {"bed": name, "executions": 0, "results": Counter(), "retries": 0}
+        )
+        row["executions"] += 1
+        result = result or "RUNNING"
+        row["results"][result] += 1
+        if bed_seconds is not None:
+            seconds[name].append(float(bed_seconds))
+        attempt = by_attempt.get(attempt_id)
+        if envelope is None or result not in GRADED or attempt is None:
+            continue
+        details, library = _envelope_details(envelope)
+        envelopes += 1
+        if library:
+            libraries[library] += 1
+        for key in FINGERPRINTS:
+            if details.get(key):
+                fingerprints.setdefault(key, Counter())[details[key]] += 1
+        if details.get("task_sha256"):
+            task_hashes.setdefault(attempt.task, Counter())[details["task_sha256"]] += 1
+        if details.get("grader_tree_sha256"):
+            bed_prints.setdefault(name, Counter())[details["grader_tree_sha256"]] += 1
+    bed_list = []
+    for name in bed_names:
+        row = bed_rows[name]
+        results: Counter[str] = row.pop("results")
+        bed = beds.get(name)
+        infra = results.get("RETRY", 0) + results.get(Outcome.ERROR, 0)
+        row.update(
+            {
+                "state": bed.state if bed else "removed",
+                "reason": bed.state_reason if bed else None,
+                "results": dict(sorted(results.items())),
+                "retries": results.get("RETRY", 0),
+                "lost": results.get("LOST", 0),
+                "infra_failure_rate": infra / row["executions"] if row["executions"] else None,
+                "quarantined_during_sweep": quarantines.get(name, 0),
+                "median_bed_seconds": quantile(seconds[name], 0.5),
+                "grader_tree_sha256": sorted(bed_prints.get(name, {})),
+            }
+        )
+        bed_list.append(row)
+    warnings = []
+    for key in ("grader_tree_sha256", "grader_class_sha256", "dataset_sha256"):
+        if len(fingerprints.get(key, {})) > 1:
+            warnings.append(
+                f"{len(fingerprints[key])} different {key} values across the sweep's envelopes"
+            )
+    for task, hashes in sorted(task_hashes.items()):
+        if len(hashes) > 1:
+            warnings.append(f"task {task} was graded against {len(hashes)} different task_sha256")
+    report.update(
+        {
+            "k": k,
+            "models": model_rows(cells, models),
+            "comparisons": _old_comparisons(outcome_of, models),
+            "phases": {
+                name: {
+                    "count": len(durations[name]),
+                    "median": quantile(durations[name], 0.5),
+                    "p95": quantile(durations[name], 0.95),
+                    "max": max(durations[name]),
+                }
+                for name in phase_names
+            },
+            "beds": bed_list,
+            "provenance": {
+                "farm_version": __version__,
+                "spec_sha256": sweep.spec_sha256,
+                "dataset": spec.get("dataset"),
+                "agent": spec.get("agent"),
+                "created_at": sweep.created_at.isoformat() if sweep.created_at else None,
+                "sealed_at": sweep.sealed_at.isoformat() if sweep.sealed_at else None,
+                "seal_sha256": sweep.seal_sha256,
+                "envelopes": envelopes,
+                "eval_libraries": dict(sorted(libraries.items())),
+                "fingerprints": {key: dict(sorted(v.items())) for key, v in fingerprints.items()},
+                "task_sha256": {t: dict(sorted(v.items())) for t, v in sorted(task_hashes.items())},
+                "warnings": warnings,
+            },
+        }
+    )
+    report["sweep"].update(
+        {
+            "trials": trials,
+            "tasks": spec.get("tasks", []),
+            "models": spec.get("models", []),
+            "sealed": sweep.sealed_at is not None,
+        }
+    )
+    return report
+
+
+# --- a small sweep with every awkward case, on both backends -------------------------------------
+
+
+def _twist(store: Store, sweep_id: int) -> None:
+    """Make the generated sweep awkward: what a real store holds that a generator would not."""
+    with store.session() as session:
+        ids = session.scalars(
+            select(Attempt.id).where(Attempt.sweep_id == sweep_id).order_by(Attempt.id)
+        ).all()
+        first_execution = {
+            a: e
+            for e, a in session.execute(
+                select(Execution.id, Execution.attempt_id).order_by(Execution.id.desc())
+            )
+        }
+        # Running: no outcome, its execution unfinished and without a result.
+        for attempt_id in ids[5:8]:
+            session.execute(
+                update(Attempt)
+                .where(Attempt.id == attempt_id)
+                .values(state="running", outcome=None)
+            )
+            session.execute(
+                update(Execution)
+                .where(Execution.id == first_execution[attempt_id])
+                .values(result=None, finished_at=None, bed_seconds=None)
+            )
+        session.execute(update(Attempt).where(Attempt.id == ids[11]).values(outcome="CANCELLED"))
+        # An outcome no enum knows: the report still counts it (under its own name).
+        session.execute(update(Attempt).where(Attempt.id == ids[13]).values(outcome="WEIRD"))
+        session.execute(update(Execution).where(Execution.id == 17).values(result="LOST"))
+        # A model outside the spec: every attempt of one (task, model) renamed.
+        session.execute(
+            update(Attempt)
+            .where(Attempt.task == "task001", Attempt.model == "vendor/model-3")
+            .values(model="aaa/extra")
+        )
+        graded = session.scalars(
+            select(Execution.id)
+            .where(Execution.envelope.is_not(None))
+            .order_by(Execution.id)
+            .limit(3)
+        ).all()
+        session.execute(
+            update(Execution).where(Execution.id == graded[0]).values(envelope=b"not json")
+        )
+        other = json.dumps(
+            {
+                "source_metadata": {"additional_details": {"task_sha256": "f" * 64}},
+                "eval_library": {
+                    "name": "ai_eval",
+                    "version": "2",
+                    "additional_details": {"grader_tree_sha256": "e" * 64, "grader": 7},
+                },
+            }
+        ).encode()
+        session.execute(update(Execution).where(Execution.id == graded[1]).values(envelope=other))
+        session.execute(
+            update(Bed)
+            .where(Bed.name == "bed03")
+            .values(state="quarantined", state_reason="reset failed")
+        )
+        bed = session.scalar(select(Bed.id).where(Bed.name == "bed03"))
+        for at in (T0 - timedelta(days=1), T0 + timedelta(hours=1)):
+            session.add(BedEvent(bed_id=bed, at=at, kind="quarantined", detail="x"))
+
+
+def test_analysis_equals_the_row_by_row_one(store: Store) -> None:
+    """Same JSON, byte for byte, as the analysis that read every row: cells, models, pairs,
+    phases, beds, provenance; on SQLite and PostgreSQL (percentile_cont vs a window)."""
+    build_sweep(store, 1500, tasks=4, models=4, envelopes=True, phases=3, seed=3)
+    sweep_id = find_sweep(store, "bench").id
+    _twist(store, sweep_id)
+    sweep = find_sweep(store, "bench")
+
+    for k in (None, 2):
+        now = json.dumps(analyse(store, sweep, k=k), indent=2, default=str)
+        before = json.dumps(row_by_row(store, sweep, k=k), indent=2, default=str)
+        assert now == before
+
+    result = analyse(store, sweep)
+    # The twists show up: they are what the comparison above had to get right.
+    assert result["outcomes"]["WEIRD"] == 1 and result["outcomes"]["RUNNING"] == 3
+    assert "aaa/extra" in [m["model"] for m in result["models"]]
+    assert any("grader_tree_sha256" in w for w in result["provenance"]["warnings"])
+    assert any(b["lost"] == 1 for b in result["beds"])
+    assert [b["quarantined_during_sweep"] for b in result["beds"] if b["bed"] == "bed03"] == [1]
+    assert result["untrusted_verifier"] == ["bed00"]
+    assert sweep_report(store, sweep) == _old_report(store, sweep)
+
+
+# --- a big sweep on SQLite: right counts, bounded memory -----------------------------------------
+
+#: Generous: loading the 200,000 attempts and executions as rows took well over 100 MB.
+PEAK_BYTES = 50 * 2**20
+
+
+def test_report_json_of_200k_executions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`apg-farm report --format json` and the status view on 200,000 executions: the counts the
+    generator tallied, with a peak of Python allocations under PEAK_BYTES (tracemalloc)."""
+    store = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+    expected = build_sweep(store, 200_000, tasks=50, models=6, envelopes=True, phases=2)
+    store.dispose()
+    assert expected.executions > 195_000
+    for name in ("APG_FARM_BROKER_URL",):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("APG_FARM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("APG_FARM_DATABASE_URL", f"sqlite:///{tmp_path / 'farm.db'}")
+    out = tmp_path / "report.json"
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        report_command("bench", "json", out, None)
+        report_peak = tracemalloc.get_traced_memory()[1]
+        store = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+        sweep_id = find_sweep(store, "bench").id
+        tracemalloc.reset_peak()
+        live = watch_snapshot(store, sweep_id)
+        summary = sweep_report(store, find_sweep(store, "bench"))
+        status_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+
+    assert report_peak < PEAK_BYTES, f"report peaked at {report_peak / 2**20:.1f} MB"
+    assert status_peak < PEAK_BYTES, f"status peaked at {status_peak / 2**20:.1f} MB"
+    assert report["sweep"]["attempts"] == expected.attempts == summary["sweep"]["attempts"]
+    assert report["outcomes"] == dict(sorted(expected.outcomes.items())) == summary["outcomes"]
+    cells = {(c["task"], c["model"]): c for c in report["cells"]}
+    assert len(cells) == len(expected.cells) == 300
+    for key, counts in expected.cells.items():
+        cell = cells[key]
+        assert cell["n"] == sum(counts[o] for o in COUNTED)
+        assert (cell["passed"], cell["failed"], cell["pending"]) == (
+            counts["PASSED"],
+            counts["FAILED"],
+            counts["QUEUED"],
+        )
+    for row in report["models"]:
+        mine = [c for (_, m), c in expected.cells.items() if m == row["model"]]
+        assert row["passed"] == sum(c["PASSED"] for c in mine)
+    assert len(report["comparisons"]) == 15
+    for row in report["comparisons"]:
+        table = expected.pairs[(row["model_a"], row["model_b"])]
+        assert [row["both"], row["a_only"], row["b_only"], row["neither"]] == table
+    assert {b["bed"]: b["executions"] for b in report["beds"]} == dict(expected.bed_executions)
+    assert sum(b["retries"] for b in report["beds"]) == expected.executions - (
+        expected.attempts - expected.outcomes["QUEUED"]
+    )
+    assert {name: p["count"] for name, p in report["phases"].items()} == dict(expected.phases)
+    assert report["provenance"]["envelopes"] == expected.envelopes
+    assert report["untrusted_verifier"] == expected.untrusted == ["bed00"]
+    assert (live["total"], live["queued"]) == (expected.attempts, expected.outcomes["QUEUED"])
+    assert sum(m["passed"] for m in live["models"]) == expected.outcomes["PASSED"]
