@@ -34,6 +34,7 @@ from apg_farm.results.analysis import (
     _rate_cell,
     model_rows,
 )
+from apg_farm.results.costs import COST_KEYS
 from apg_farm.results.report import CELL_COUNTS
 from apg_farm.results.stats import holm, paired_comparison, quantile, wilson
 from apg_farm.store import Attempt, Bed, BedEvent, Execution, Phase, Store, Sweep
@@ -367,6 +368,15 @@ def _twist(store: Store, sweep_id: int) -> None:
             session.add(BedEvent(bed_id=bed, at=at, kind="quarantined", detail="x"))
 
 
+def _without_costs(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as the row-by-row oracle knows it: cost figures came later (costs.py has its
+    own tests, against the executions' sums)."""
+    for row in (*report["cells"], *report["models"]):
+        for key in COST_KEYS:
+            row.pop(key, None)
+    return report
+
+
 def test_analysis_equals_the_row_by_row_one(store: Store) -> None:
     """Same JSON, byte for byte, as the analysis that read every row: cells, models, pairs,
     phases, beds, provenance; on SQLite and PostgreSQL (percentile_cont vs a window)."""
@@ -376,7 +386,7 @@ def test_analysis_equals_the_row_by_row_one(store: Store) -> None:
     sweep = find_sweep(store, "bench")
 
     for k in (None, 2):
-        now = json.dumps(analyse(store, sweep, k=k), indent=2, default=str)
+        now = json.dumps(_without_costs(analyse(store, sweep, k=k)), indent=2, default=str)
         before = json.dumps(row_by_row(store, sweep, k=k), indent=2, default=str)
         assert now == before
 

@@ -106,6 +106,8 @@ def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None)
         _emit(render_html(report), output)
     else:
         out.print(report_table(report))
+        if any(row.get("cost_usd") is not None for row in report["models"]):
+            out.print(cost_table(report))
         if report["comparisons"]:
             out.print(comparisons_table(report))
         for warning in report["provenance"]["warnings"]:
@@ -139,6 +141,32 @@ def _warn_without_worker(store: Store, sweep_id: int) -> None:
     # Distributed mode: work left in a pool no live worker serves will not move by itself.
     if problem := sweep_without_worker(store, sweep_id):
         err.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
+
+
+def _usd(value: float | None) -> str:
+    return "—" if value is None else f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def cost_table(report: dict[str, Any]) -> Table:
+    """Per model: what it cost, per attempt and per pass (with the pass rate's interval)."""
+    table = Table(title="cost per model (from the adapter's records; retries included)")
+    table.add_column("model", no_wrap=True)
+    for name in ("total", "median/exec", "per pass", "95% CI", "tokens in/out"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in report["models"]:
+        tokens = row.get("tokens") or {}
+        low, high = row.get("cost_per_pass_low"), row.get("cost_per_pass_high")
+        table.add_row(
+            row["model"],
+            _usd(row.get("cost_usd")),
+            _usd(row.get("median_cost_usd")),
+            _usd(row.get("cost_per_pass")),
+            f"{_usd(low)}–{_usd(high) if high is not None else '∞'}" if low is not None else "—",
+            f"{tokens.get('input_tokens', 0):,}/{tokens.get('output_tokens', 0):,}"
+            if tokens
+            else "—",
+        )
+    return table
 
 
 def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from apg_farm import __version__
 from apg_farm.contract import Outcome
 from apg_farm.results import queries
+from apg_farm.results.costs import add_costs
 from apg_farm.results.report import CELL_COUNTS, report_from_cells
 from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
 from apg_farm.store import Bed, BedEvent, Store, Sweep
@@ -314,6 +315,8 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
             },
         }
     )
+    with store.read() as session:
+        add_costs(session, sweep.id, report)
     report["sweep"].update(
         {
             "trials": trials,
