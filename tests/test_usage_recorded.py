@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
-from apg_farm.results import analyse, find_sweep
+from apg_farm.results import analyse, find_sweep, report_csv
 from apg_farm.store import Attempt, Execution, Store
 from scheduler import submit
 from tests.simbeds import make_beds, spec
@@ -81,3 +83,15 @@ def test_a_sweep_without_adapter_records_has_no_cost() -> None:
     figures = _figures(found, 1.0, {"n": 3, "passed": 0, "ci_low": 0.0, "ci_high": 0.56})
     assert figures["cost_per_pass"] is None and figures["cost_per_pass_high"] is None
     assert figures["cost_per_pass_low"] == pytest.approx(3.0 / (3 * 0.56), rel=1e-5)
+
+
+def test_the_csv_report_carries_the_cost_columns(store: Store, tmp_path: Path) -> None:
+    make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, trials=2)).sweep_id
+    assert EmbeddedExecutor(store, sweep_id).run().errors == []
+    report = analyse(store, find_sweep(store, "s"))
+    rows = list(csv.DictReader(io.StringIO(report_csv(report))))
+    assert len(rows) == len(report["cells"]) == 2
+    for row, cell in zip(rows, report["cells"], strict=True):
+        assert float(row["cost_usd"]) == pytest.approx(cell["cost_usd"])
+        assert int(row["output_tokens"]) == cell["tokens"]["output_tokens"] > 0

@@ -6,6 +6,7 @@ import csv
 import io
 from typing import Any
 
+from apg_farm.results.costs import TOKENS
 from apg_farm.results.report import CELL_COUNTS
 
 #: CSV columns, one row per (task, model).
@@ -22,6 +23,13 @@ CSV_COLUMNS = (
     "k",
     "pass_at_k",
     "pass_hat_k",
+    # What the cell cost (docs/analysis.md, "Cost"); empty where no adapter record was read.
+    "cost_usd",
+    "median_cost_usd",
+    "cost_per_pass",
+    "cost_per_pass_low",
+    "cost_per_pass_high",
+    *TOKENS,
 )
 
 
@@ -33,5 +41,5 @@ def report_csv(report: dict[str, Any]) -> str:
     )
     writer.writeheader()
     for cell in report["cells"]:
-        writer.writerow({**cell, "k": report["k"]})
+        writer.writerow({**cell, **(cell.get("tokens") or {}), "k": report["k"]})
     return buffer.getvalue()
