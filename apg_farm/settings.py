@@ -27,6 +27,10 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=60.0, gt=0)
     """How long a claim lives without renewal; a dead worker's attempt returns after this."""
 
+    no_worker_grace: float = Field(default=60.0, gt=0)
+    """Seconds `sweep submit --wait` (and `run`, `sweep resume`) waits while the sweep's pool has no
+    live worker, then exits 1 saying so."""
+
     visibility_timeout: float = Field(default=43200.0, gt=0)
     """Redis visibility timeout (s): above every attempt's hard time limit, so a slow attempt is
     never redelivered while it runs. Lost messages are found by the reconciler, not by this."""

@@ -52,10 +52,8 @@ def cancel_sweep(store: Store, sweep_id: int) -> int:
 
 
 def store_now(session: Session, store: Store) -> datetime:
-    """The store's clock: PostgreSQL's now(), one clock for every host; on SQLite (one host) Python's."""
-    if store.is_sqlite:
-        return utcnow()
-    now: datetime | None = session.scalar(select(func.now()))
+    """The store's clock as a value (Store.now() is the same clock as SQL)."""
+    now: datetime | None = session.scalar(select(store.now()))
     assert now is not None
     return now
 

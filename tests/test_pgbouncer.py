@@ -21,7 +21,7 @@ from apg_farm.contract import Outcome
 from apg_farm.store import Attempt, AttemptState, Store, normalize_url
 from scheduler import submit
 from tests.conftest import PG_URL
-from tests.services import IN_CI, free_port, need
+from tests.services import free_port, need
 from tests.simbeds import make_beds, spec
 from workers import EmbeddedExecutor
 
@@ -122,11 +122,10 @@ def test_a_sweep_runs_through_pgbouncer_in_transaction_mode(bouncer: str, tmp_pa
     store.dispose()
 
 
-def test_the_flag_is_needed_through_pgbouncer() -> None:
-    """Without it psycopg prepares statements a transaction-pooled server session does not have."""
-    if IN_CI and not PG_URL:
-        pytest.fail("CI without PostgreSQL")
-    url = "postgresql://u@127.0.0.1:1/db?pgbouncer=true"
-    store = Store(url, upgrade=False)
+def test_the_pgbouncer_flag_is_read_from_the_url_and_kept_from_the_driver() -> None:
+    """`?pgbouncer=true` turns the mode on and never reaches psycopg as a connection option.
+    (That the mode is needed is shown by running the sweep above without it: psycopg's prepared
+    statements then go missing, `prepared statement "_pg3_…" does not exist`.)"""
+    store = Store("postgresql://u@127.0.0.1:1/db?pgbouncer=true", upgrade=False)
     assert store.pgbouncer and "pgbouncer" not in str(store.engine.url)
     assert not Store("postgresql://u@127.0.0.1:1/db", upgrade=False).pgbouncer

@@ -11,8 +11,6 @@ from typing import Annotated
 
 import typer
 from kombu.exceptions import KombuError
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.exceptions import RedisError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import func, select
@@ -87,27 +85,6 @@ def _safe_url(url: str) -> str:
     return re.sub(r"//[^@/]*@", "//***@", url)
 
 
-class WaitSettings(BaseSettings):
-    """How long `--wait` waits for a worker before it gives up."""
-
-    model_config = SettingsConfigDict(env_prefix="APG_FARM_", extra="ignore")
-
-    no_worker_grace: float = Field(default=60.0, gt=0)
-    """Seconds `sweep submit --wait` (and `run`, `sweep resume`) waits while the sweep's pool has no
-    live worker, then exits 1 saying so."""
-
-
-def no_worker_grace() -> float:
-    try:
-        return WaitSettings().no_worker_grace
-    except ValidationError:
-        raise BadInput(
-            "not a positive number of seconds",
-            field="APG_FARM_NO_WORKER_GRACE",
-            fix="e.g. APG_FARM_NO_WORKER_GRACE=60",
-        ) from None
-
-
 def _progress(store: Store, sweep_id: int) -> tuple[int, int, int, str]:
     """(done, total, active beds of the sweep's pool, the pool)."""
     done, total = done_count(store, sweep_id)
@@ -154,7 +131,7 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
     False (exit 1) when the pool has no active bed, or no live worker for the grace period.
     """
     settings, broker_url = require_broker()
-    grace = no_worker_grace()
+    grace = load_settings().no_worker_grace
     app = make_app(settings)
     last_reconcile = time.monotonic()
     no_worker_since: float | None = None
