@@ -6,6 +6,13 @@ from __future__ import annotations
 LEASE_SECONDS = 60.0
 #: A claim delivered more often than retries + this many times is poisoned, not looped.
 EXTRA_DELIVERIES = 3
+#: Seconds a model waits after its provider failed (rate limit, outage), doubling with each
+#: trouble in a row up to the ceiling; an attempt the provider failed waits longer still.
+PROVIDER_BACKOFF = 30.0
+PROVIDER_BACKOFF_MAX = 1800.0
+#: Tries of one attempt the provider may fail and still be retried. The record that says so is
+#: written in the bed: an agent could claim an outage to try again, so the retries are few.
+PROVIDER_RETRIES = 3
 #: Infrastructure failures in a row after which a bed is quarantined.
 MAX_CONSECUTIVE_INFRA_ERRORS = 3
 #: Bytes of stdout/stderr kept per phase (head + tail); enough for every token and the DDEV exit line.

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from apg_farm.defaults import PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX
 from apg_farm.errors import BadInput
 
 
@@ -37,6 +38,14 @@ class Settings(BaseSettings):
 
     reconcile_seconds: float = Field(default=15.0, gt=0)
     """How often `apg-farm scheduler` reconciles the store with the broker."""
+    provider_backoff: float = Field(default=PROVIDER_BACKOFF, gt=0)
+    """Seconds a model is paused after its provider failed, doubling per trouble in a row."""
+    provider_backoff_max: float = Field(default=PROVIDER_BACKOFF_MAX, gt=0)
+    """The longest such pause."""
+
+    @property
+    def backoff(self) -> tuple[float, float]:
+        return (self.provider_backoff, max(self.provider_backoff, self.provider_backoff_max))
 
     def resolved_database_url(self) -> str:
         """The URL to open: the explicit one, or the embedded SQLite file under home."""

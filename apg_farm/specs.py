@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
@@ -89,6 +96,23 @@ class SweepSpec(BaseModel):
     """Per-phase limits."""
     diff: bool = True
     """Keep `ai-eval-diff --run` (what the attempt changed) as evidence, after the verify, before the grade."""
+    budget_usd: float | None = Field(default=None, gt=0, le=10_000_000)
+    """Spending cap of the sweep in USD: once its executions cost this much, no new attempt is
+    claimed (running ones finish). Raise it with `apg-farm budget set --sweep NAME --usd X`."""
+    max_concurrent: dict[SafeArg, Annotated[int, Field(ge=1, le=100_000)]] = Field(
+        default_factory=dict
+    )
+    """Per model: attempts of it running at once, farm-wide, across sweeps (a provider's rate)."""
+
+    @model_validator(mode="after")
+    def _capped_models_are_listed(self) -> SweepSpec:
+        unknown = sorted(set(self.max_concurrent) - set(self.models))
+        if unknown:
+            raise ValueError(
+                f"max_concurrent names models the sweep does not run: {', '.join(unknown)}; "
+                "list them under models or remove them"
+            )
+        return self
 
     @property
     def pool(self) -> str:
@@ -96,11 +120,18 @@ class SweepSpec(BaseModel):
         return pool_key(self.fixtures)
 
     def canonical_json(self) -> str:
-        """The spec as stable JSON, stored with the sweep."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """What the sweep evaluates as stable JSON: its digest names the evaluation. The pacing
+        fields (budget, concurrency) say how fast and how far it runs, not what it is: they are
+        left out, so specs written before they existed keep their digests."""
+        data = self.model_dump(mode="json", exclude=set(PACING))
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+#: SweepSpec fields that pace a sweep without changing what it evaluates; a re-submit may change them.
+PACING = ("budget_usd", "max_concurrent")
 
 
 def pool_key(fixtures: list[str] | tuple[str, ...]) -> str:

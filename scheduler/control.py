@@ -21,6 +21,7 @@ from apg_farm.store import (
     Sweep,
     SweepState,
     WorkerBeat,
+    pace_status,
     rowcount,
     utcnow,
 )
@@ -140,6 +141,7 @@ def sweep_status(store: Store, sweep_id: int) -> dict[str, Any]:
             .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.RUNNING)
             .order_by(Bed.name)
         ).all()
+        pace = pace_status(store, session, sweep)
     states: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     for state, outcome, count in counts:
@@ -155,6 +157,7 @@ def sweep_status(store: Store, sweep_id: int) -> dict[str, Any]:
         "states": {s.value: states.get(s.value, 0) for s in AttemptState},
         "outcomes": dict(sorted(outcomes.items())),
         "running": [f"{bed}: {task} {model} #{trial}" for bed, task, model, trial in running],
+        **pace,
         # Only the distributed mode has workers; embedded, this stays empty.
         "workers": {
             "pool": sweep.pool,

@@ -17,7 +17,16 @@ from datetime import timedelta
 
 from sqlalchemy import or_, select, tuple_
 
-from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, requeue_expired
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Store,
+    Sweep,
+    SweepState,
+    claimable,
+    farm_budget_reached,
+    requeue_expired,
+)
 from scheduler.broker_view import attempts_with_messages
 from scheduler.publish import Sender, publish_attempts
 from scheduler.queues import pool_queue
@@ -68,11 +77,16 @@ def _open_pools(store: Store) -> list[str]:
 def _page(store: Store, after: tuple[int, int]) -> list[tuple[int, int]]:
     """(seq, id) of up to PAGE queued attempts of open sweeps after `after`, in queue order,
     leaving out those sent within the grace. Index-backed: (state, seq, id)."""
-    open_sweeps = select(Sweep.id).where(Sweep.state == SweepState.OPEN)
     with store.read() as session:
+        if farm_budget_reached(store, session):
+            return []  # nothing may be claimed: a message now would only be handed back
         rows = session.execute(
             select(Attempt.seq, Attempt.id)
-            .where(Attempt.state == AttemptState.QUEUED, Attempt.sweep_id.in_(open_sweeps))
+            .join(Sweep, Sweep.id == Attempt.sweep_id)
+            .where(Attempt.state == AttemptState.QUEUED, Sweep.state == SweepState.OPEN)
+            # Attempts a claim would refuse now (a budget spent, a back-off, a paused model)
+            # get their message once they may run (pacing.py).
+            .where(*claimable(store))
             .where(tuple_(Attempt.seq, Attempt.id) > tuple_(*after))
             # The grace is judged by the clock that stamped enqueued_at (publish_attempts).
             .where(

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from apg_farm.errors import BadInput
 from apg_farm.results import refuse_if_sealed
-from apg_farm.specs import SweepSpec
+from apg_farm.specs import PACING, SweepSpec
 from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, UTCDateTime, utcnow
 from scheduler.plan import AttemptKey, iter_keys
 
@@ -83,6 +83,8 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
                 spec=spec.model_dump(mode="json"),
                 spec_sha256=spec.digest(),
                 pool=spec.pool,
+                budget_usd=spec.budget_usd,
+                max_concurrent=spec.max_concurrent or None,
             )
             session.add(sweep)
             session.flush()
@@ -105,6 +107,8 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
             refuse_if_sealed(sweep)
             sweep.spec = _merged(SweepSpec.model_validate(sweep.spec), spec).model_dump(mode="json")
             sweep.spec_sha256 = SweepSpec.model_validate(sweep.spec).digest()
+        if not new_sweep and sweep.sealed_at is None:
+            _repace(sweep, spec)
         return Submission(sweep.id, sweep.name, created, existing, new_sweep)
 
 
@@ -161,6 +165,17 @@ def _check_compatible(old: SweepSpec, new: SweepSpec) -> None:
                 field=field,
                 fix="give the sweep a new name to run a different configuration",
             )
+
+
+def _repace(sweep: Sweep, spec: SweepSpec) -> None:
+    """A re-submit may change the budget and the concurrency caps (they pace the sweep; its
+    digest leaves them out): the file's values replace the stored ones."""
+    stored = SweepSpec.model_validate(sweep.spec)
+    paced = stored.model_copy(update={name: getattr(spec, name) for name in PACING})
+    if paced != stored:
+        sweep.spec = paced.model_dump(mode="json")
+    sweep.budget_usd = spec.budget_usd
+    sweep.max_concurrent = spec.max_concurrent or None
 
 
 def _merged(old: SweepSpec, new: SweepSpec) -> SweepSpec:

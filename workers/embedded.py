@@ -20,6 +20,7 @@ from apg_farm.store import (
     Sweep,
     SweepState,
     requeue_expired,
+    sweep_pauses,
 )
 from apg_farm.transports import Transport
 from workers.engine import AttemptEngine, AttemptReport
@@ -33,6 +34,8 @@ class ExecutorResult:
     #: Attempts still queued or running when no bed could take them (every bed quarantined).
     stranded: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Why the run stopped with attempts left: a budget reached (raise it, then `sweep resume`).
+    paused: list[str] = field(default_factory=list)
 
 
 class EmbeddedExecutor:
@@ -108,12 +111,31 @@ class EmbeddedExecutor:
                     continue
                 if not self._bed_active(bed_name) or self._remaining() == 0:
                     return
+                if self._budget_spent():
+                    return
                 # Nothing this bed may take now: attempts are running elsewhere and may come back.
                 requeue_expired(self.store)
                 self._stop.wait(IDLE_POLL_SECONDS)
         except Exception as error:
             with self._lock:
                 self.result.errors.append(f"bed {bed_name}: {type(error).__name__}: {error}")
+
+    def _budget_spent(self) -> bool:
+        """A budget stops the sweep (nothing of it runs, nothing may start): waiting here would
+        wait for a person. The run ends and says so; queued attempts stay queued."""
+        with self.store.read() as session:
+            sweep = session.get_one(Sweep, self.sweep_id)
+            pauses = sweep_pauses(self.store, session, sweep)
+            running = session.scalar(
+                select(func.count())
+                .select_from(Attempt)
+                .where(Attempt.sweep_id == self.sweep_id, Attempt.state == AttemptState.RUNNING)
+            )
+        if not pauses or running:
+            return False
+        with self._lock:
+            self.result.paused = pauses
+        return True
 
     def _bed_active(self, bed_name: str) -> bool:
         with self.store.read() as session:

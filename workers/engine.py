@@ -59,9 +59,11 @@ from apg_farm.defaults import (
     LEASE_SECONDS,
     MAX_CONSECUTIVE_INFRA_ERRORS,
     PHASE_OUTPUT_LIMIT,
+    PROVIDER_RETRIES,
     RUN_JSON_LIMIT,
 )
 from apg_farm.errors import FarmError
+from apg_farm.settings import load_settings
 from apg_farm.store import (
     Attempt,
     AttemptState,
@@ -74,8 +76,12 @@ from apg_farm.store import (
     Store,
     Sweep,
     SweepState,
+    add_spend,
+    backoff,
     claim_next,
+    close,
     renew_lease,
+    trip,
     utcnow,
 )
 from apg_farm.transports import (
@@ -218,10 +224,13 @@ class AttemptEngine:
         worker: str,
         transport: Transport | None = None,
         lease_seconds: float = LEASE_SECONDS,
+        backoff: tuple[float, float] | None = None,
     ) -> None:
         self.store = store
         self.worker = worker
         self.lease_seconds = lease_seconds
+        #: (base, ceiling) of the provider back-off: APG_FARM_PROVIDER_BACKOFF(_MAX) by default.
+        self.backoff = backoff or load_settings().backoff
         with store.session() as session:
             bed = session.scalar(select(Bed).where(Bed.name == bed_name))
             if bed is None:
@@ -245,6 +254,7 @@ class AttemptEngine:
                     worker=self.worker,
                     sweep_id=sweep_id,
                     attempt_id=attempt_id,
+                    backoff=self.backoff,
                 )
             )
             if claim is None:
@@ -278,6 +288,7 @@ class AttemptEngine:
             execution = session.get_one(Execution, claim.execution_id)
             attempt.fill(execution, verdict)
             execution.result = "LOST"
+            add_spend(self.store, session, claim.sweep_id, execution.cost_usd)
             # What this bed showed while it held the attempt still stands: quarantine it.
             _quarantine(session, bed, attempt.quarantines)
         return AttemptReport(claim, verdict, None, attempt.run_id, lost=True)
@@ -305,6 +316,8 @@ class AttemptEngine:
             # LOST with no end yet: the reconciler took the attempt back while this bed worked.
             taken_back = execution.reason if execution.result == "LOST" else None
             attempt.fill(execution, verdict)
+            # Spent whatever becomes of the attempt: every execution's cost counts.
+            add_spend(self.store, session, claim.sweep_id, execution.cost_usd)
             reasons = [*attempt.quarantines]
             if verdict.quarantine and verdict.quarantine not in reasons:
                 reasons.append(verdict.quarantine)
@@ -327,12 +340,37 @@ class AttemptEngine:
             ):
                 # Never requeue into a cancelled sweep: nothing would ever take it.
                 verdict = Verdict("final", f"sweep cancelled ({verdict.reason})", Outcome.CANCELLED)
-            outcome, in_a_row = _settle(row, bed, verdict, retries=claim.spec.retries)
+            outcome, in_a_row = _settle(
+                row,
+                bed,
+                verdict,
+                retries=claim.spec.retries,
+                store=self.store,
+                delays=self.backoff,
+            )
             execution.result = outcome or "RETRY"
+            self._pace_model(session, claim, verdict, execution)
             _quarantine(session, bed, [*reasons, *([in_a_row] if in_a_row else [])])
             if bed.state == BedState.DRAINING:
                 finish_draining(session, bed)
         return AttemptReport(claim, verdict, outcome, attempt.run_id)
+
+    def _pace_model(
+        self, session: Session, claim: Claim, verdict: Verdict, execution: Execution
+    ) -> None:
+        """Provider trouble opens the model's breaker; a probe that ran without it closes it."""
+        if verdict.provider_trouble is not None:
+            trip(
+                self.store,
+                session,
+                claim.model,
+                trouble=verdict.provider_trouble,
+                detail=verdict.reason,
+                base=self.backoff[0],
+                ceiling=self.backoff[1],
+            )
+        elif claim.probe and verdict.action == "final":
+            close(self.store, session, claim.model, execution.started_at)
 
 
 def _quarantine(session: Session, bed: Bed, reasons: list[str]) -> None:
@@ -353,12 +391,29 @@ def _quarantine(session: Session, bed: Bed, reasons: list[str]) -> None:
 
 
 def _settle(
-    row: Attempt, bed: Bed, verdict: Verdict, *, retries: int
+    row: Attempt,
+    bed: Bed,
+    verdict: Verdict,
+    *,
+    retries: int,
+    store: Store,
+    delays: tuple[float, float],
 ) -> tuple[Outcome | None, str | None]:
     """Apply a verdict to the attempt and the bed: (final outcome or None if requeued, the
     quarantine reason when the bed failed too often in a row)."""
     row.bed_id = None
     row.lease_expires_at = None
+    if verdict.provider_trouble is not None:
+        # The provider failed, not the bed nor the model: the bed's count does not move, the
+        # attempt may go back to this very bed, and it waits out a back-off that grows faster
+        # than the model's breaker, so the next probe is another attempt.
+        row.provider_failures += 1
+        wait = backoff(2 * row.provider_failures, *delays)
+        # On the store's clock, the one the claim compares it with.
+        row.not_before = store.now_plus(wait)
+        row.state = AttemptState.QUEUED
+        row.reason = f"retrying after provider trouble: {verdict.reason}"
+        return None, None
     if verdict.action != "retry":
         bed.consecutive_errors = 0
         assert verdict.outcome is not None
@@ -412,6 +467,8 @@ class _Attempt:
         #: runs/ held more names than a listing returns: new folders cannot be told apart.
         self._runs_truncated = False
         self._run_jsons: dict[str, dict[str, object] | None] = {}
+        #: The diff already ran (the provider check took it): it is not taken twice.
+        self._diffed = False
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
@@ -470,6 +527,9 @@ class _Attempt:
         self.usage = self._read_usage()
         if run_verdict.action != "continue":
             return run_verdict
+        trouble = self._provider_trouble(run_verdict)
+        if trouble is not None:
+            return trouble
         if run_verdict.adapter_not_started:
             # run.json says nobody ran; a site that changed says the agent did, and wrote that.
             changed = self._site_changed()
@@ -478,10 +538,32 @@ class _Attempt:
             )
             if run_verdict.action != "continue":
                 return run_verdict
-        elif spec.diff:
+        elif spec.diff and not self._diffed:
             # Evidence of what the attempt changed, taken on a verified bed; it never decides the outcome.
             self._diff()
         return self._grade(run_verdict)
+
+    def _provider_trouble(self, run_verdict: Verdict) -> Verdict | None:
+        """A retry charged to the provider when the adapter's record says the provider failed
+        (outcomes.md) and the site is unchanged; None when the usual policy judges the run.
+
+        The record is written in the bed, so an agent could claim an outage to be tried again:
+        only a run that changed nothing is believed, and only PROVIDER_RETRIES times per attempt.
+        """
+        kind = self.usage.provider_trouble if self.usage else None
+        if kind is None or run_verdict.quarantine:
+            return None
+        if self.claim.provider_failures >= PROVIDER_RETRIES:
+            return None
+        self._diffed = True
+        if self._site_changed() is not False:
+            return None
+        return Verdict(
+            "retry",
+            f"provider trouble ({kind}): the adapter's record says the provider failed "
+            f"and the site is unchanged ({run_verdict.reason or 'run ended'})",
+            provider_trouble=kind,
+        )
 
     def _container_processes(self, name: str) -> dict[int, tuple[int, str]] | Verdict:
         """The web container's processes (`ddev exec ps`), or a retry that quarantines the bed:

@@ -13,6 +13,7 @@ from celery.signals import worker_process_init, worker_process_shutdown
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from apg_farm.beds import (
     doctor_bed,
@@ -22,7 +23,18 @@ from apg_farm.beds import (
     run_provision,
 )
 from apg_farm.settings import load_settings
-from apg_farm.store import Attempt, AttemptState, Bed, BedState, Store, Sweep, SweepState
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    ModelGate,
+    Store,
+    Sweep,
+    SweepState,
+    db_time,
+    sweep_pauses,
+)
 from scheduler import (
     BED_MAINTENANCE,
     MAINTENANCE_EXPIRY,
@@ -68,8 +80,9 @@ class WorkerRuntime:
         """Run the attempt if this bed may take it; otherwise make sure it is not lost."""
         report = self.engine.run_next(attempt_id=attempt_id)
         if report is not None:
-            if report.outcome is None and not report.lost:
+            if report.outcome is None and not report.lost and not report.verdict.provider_trouble:
                 # An infrastructure failure requeued it in the store: it needs a new message.
+                # (After provider trouble it waits out a back-off: the reconciler sends it then.)
                 self._publish(app, attempt_id)
             self._stop_if_inactive(app, hostname)
             return str(report.outcome or ("lost" if report.lost else "retry"))
@@ -103,6 +116,10 @@ class WorkerRuntime:
                 return "sweep closed"
             if bed is None or bed.state != BedState.ACTIVE:
                 return "bed inactive"
+            if waiting := _waiting(self.store, session, attempt, sweep):
+                # Dropped, not handed back: the reconciler sends it again once it may run,
+                # instead of every idle worker passing it round while a budget or a back-off holds.
+                return waiting
             return "excluded here"
 
     def _stop_if_inactive(self, app: Celery, hostname: str | None) -> None:
@@ -114,6 +131,19 @@ class WorkerRuntime:
             except BROKER_ERRORS as error:
                 # Its claims refuse attempts anyway; the next message it hands back tries again.
                 log.warning("could not stop consuming %s: %s", pool_queue(bed.pool), error)
+
+
+def _waiting(store: Store, session: Session, attempt: Attempt, sweep: Sweep) -> str | None:
+    """Why no bed may take the attempt for a while (a budget spent, a provider back-off), or None."""
+    if pauses := sweep_pauses(store, session, sweep):
+        return "paused: " + "; ".join(pauses)
+    now = db_time(store, session)
+    if attempt.not_before is not None and attempt.not_before > now:
+        return "waiting: provider back-off"
+    gate = session.get(ModelGate, attempt.model)
+    if gate is not None and gate.paused_until is not None and gate.paused_until > now:
+        return f"paused: model {attempt.model} (provider trouble)"
+    return None
 
 
 _store: Store | None = None

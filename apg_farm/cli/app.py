@@ -20,7 +20,7 @@ from apg_farm.beds import (
     set_docker_host,
 )
 from apg_farm.cli import analysis as analysis_cli
-from apg_farm.cli import distributed, remote
+from apg_farm.cli import budget, distributed, remote
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
@@ -50,6 +50,7 @@ db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
 remote.register(app, bed_app)
+budget.register(app)
 app.add_typer(db_app, name="db")
 
 

@@ -46,6 +46,12 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
         progress.update(bar, completed=done_count(store, sweep_id)[0])
     for problem in result.errors:
         err.print(f"[red]error:[/] {problem}")
+    if result.paused:
+        err.print(
+            f"[yellow]paused: {'; '.join(result.paused)}[/]: {result.stranded} attempts wait. "
+            "Raise the budget (`apg-farm budget set`), then `apg-farm sweep resume SWEEP`"
+        )
+        return False
     if result.stranded:
         err.print(
             f"[red]{result.stranded} attempts could not run[/]: no bed of the pool is left to take them "

@@ -149,6 +149,9 @@ class Verdict:
     #: run.json says the adapter never started (`attempted: false`): an infrastructure failure,
     #: unless the site changed after all (then the agent ran and wrote that itself).
     adapter_not_started: bool = False
+    #: The provider failed the run (rate_limited, overloaded, auth_expired, api_error) and the
+    #: site is unchanged: a retry charged to the model's provider, not to the bed.
+    provider_trouble: str | None = None
 
 
 CONTINUE = Verdict("continue")

@@ -20,6 +20,7 @@ from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
 from apg_farm.results.export import export_eee, model_slug
 from apg_farm.results.html_report import render_html
+from apg_farm.results.queries import group_quantiles
 from apg_farm.results.regression import CheckPolicy, CheckVerdict, check_regression
 from apg_farm.results.report import CELL_COUNTS, find_sweep, sweep_report
 from apg_farm.results.sealing import (
@@ -58,6 +59,7 @@ __all__ = [
     "compare",
     "export_eee",
     "find_sweep",
+    "group_quantiles",
     "holm",
     "load_baseline",
     "load_side",

@@ -116,6 +116,10 @@ NOT_SEALED: dict[str, dict[str, str]] = {
         "sealed_at": "written by the seal itself, after hashing",
         "seal_sha256": "written by the seal itself: the manifest's sha256, checked by verify",
         "meta": "written by the seal itself (the manifest's path); free-form notes",
+        "budget_usd": "pacing: how far the sweep may spend, not what it evaluated (the sealed "
+        "spec keeps the file's value)",
+        "max_concurrent": "pacing: how fast the sweep runs a model, as `budget_usd`",
+        "spent_usd": "a running total of its executions' costs, kept for the claim",
     },
     "attempts": {
         "id": "a surrogate key; an attempt is named by its task, model and trial",
@@ -129,6 +133,9 @@ NOT_SEALED: dict[str, dict[str, str]] = {
         "enqueued_at": "broker bookkeeping (distributed mode)",
         "dispatches": "broker bookkeeping (distributed mode)",
         "created_at": "when it was submitted: scheduling; its executions' times are sealed",
+        "provider_failures": "retry bookkeeping: each try the provider failed is an execution, "
+        "sealed with its result and reason",
+        "not_before": "scheduling: a provider back-off",
     },
     "executions": {
         "id": "a surrogate key; an execution is named by its attempt and number",
@@ -160,6 +167,9 @@ NOT_SEALED_TABLES: dict[str, str] = {
     "beds": "the pool's current state, shared by all sweeps; each execution's bed name is sealed",
     "worker_beats": "which worker processes are alive now: operations, not a sweep's evidence",
     "bed_events": "the beds' history, not a sweep's",
+    "model_gates": "each model's breaker and concurrency lock now: operations, shared by sweeps",
+    "budgets": "the farm's spending caps: operations, shared by sweeps",
+    "spend": "running spend totals of the whole farm, not a sweep's evidence",
 }
 
 

@@ -22,7 +22,17 @@ from apg_farm.contract import COUNTED, Outcome
 from apg_farm.results.analysis import PHASE_ORDER
 from apg_farm.results.queries import attempt_counts
 from apg_farm.results.stats import quantile
-from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store, Sweep
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    Execution,
+    Phase,
+    Store,
+    Sweep,
+    pace_status,
+)
 from apg_farm.store import utcnow as _utcnow
 
 #: Executions, the latest finished, whose median duration paces the ETA.
@@ -98,6 +108,7 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
         beds = session.execute(
             select(Bed.name, Bed.state, Bed.state_reason).where(Bed.pool == sweep.pool)
         ).all()
+        pace = pace_status(store, session, sweep)
 
     per_model: dict[str, dict[str, int]] = defaultdict(
         lambda: {
@@ -170,6 +181,7 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
         ],
         "median_execution_seconds": typical,
         "eta_seconds": eta,
+        "pace": pace,
     }
 
 
@@ -180,6 +192,36 @@ def _clock(seconds: float | None) -> str:
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _pace_lines(pace: dict[str, Any] | None) -> list[RenderableType]:
+    """Spend against the budget, and why queued attempts wait: a budget spent (a person must
+    raise it), a model whose provider failed, a model at its max_concurrent."""
+    if not pace:
+        return []
+    lines: list[RenderableType] = []
+    spend = pace["spend"]
+    if spend["budget_usd"] is not None or spend["spent_usd"]:
+        budget = f" of ${spend['budget_usd']:,.2f}" if spend["budget_usd"] is not None else ""
+        lines.append(Text(f"spent ${spend['spent_usd']:,.2f}{budget}"))
+    for reason in pace["paused"]:
+        lines.append(
+            Text(f"paused: {reason}; raise it with `apg-farm budget set`", style="bold yellow")
+        )
+    for gate in pace["paused_models"]:
+        wait = f"until {gate['until']}" if gate["waiting_for"] == "back-off" else "probe running"
+        lines.append(
+            Text(
+                f"model {gate['model']} paused: provider trouble ({gate['trouble']}), "
+                f"{gate['trips']} in a row, {wait}",
+                style="yellow",
+            )
+        )
+    for model, cap in pace["max_concurrent"].items():
+        lines.append(
+            Text(f"model {model}: {cap['running']} running of max_concurrent {cap['max']}")
+        )
+    return lines
 
 
 def render_watch(snap: dict[str, Any]) -> RenderableType:
@@ -206,7 +248,7 @@ def render_watch(snap: dict[str, Any]) -> RenderableType:
             f"[yellow]{row['invalid']}[/]" if row["invalid"] else "0",
             f"[yellow]{row['error']}[/]" if row["error"] else "0",
         )
-    parts: list[RenderableType] = [header, progress]
+    parts: list[RenderableType] = [header, *_pace_lines(snap.get("pace")), progress]
     beds = Table(title="running attempts per bed", title_justify="left")
     for name in ("bed", "task", "model", "trial", "try", "phase", "in phase", "elapsed"):
         beds.add_column(name, no_wrap=True)

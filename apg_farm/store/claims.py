@@ -18,11 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, not_, or_, select, update
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import UNESCROWED, UNFINGERPRINTED, Outcome
-from apg_farm.defaults import EXTRA_DELIVERIES, MAX_CONSECUTIVE_INFRA_ERRORS
+from apg_farm.defaults import (
+    EXTRA_DELIVERIES,
+    MAX_CONSECUTIVE_INFRA_ERRORS,
+    PROVIDER_BACKOFF,
+    PROVIDER_BACKOFF_MAX,
+)
 from apg_farm.specs import SweepSpec
 from apg_farm.store.db import Store, rowcount
 from apg_farm.store.models import (
@@ -36,6 +41,7 @@ from apg_farm.store.models import (
     SweepState,
     utcnow,
 )
+from apg_farm.store.pacing import PROBE, Gates, at_capacity, claimable, farm_budget_reached
 
 #: How many queued attempts a claimer looks at to find one it may take.
 _CANDIDATES = 64
@@ -55,6 +61,10 @@ class Claim:
     model: str
     trial: int
     spec: SweepSpec
+    #: Tries of this attempt the provider already failed (each retried without counting).
+    provider_failures: int = 0
+    #: This attempt is its model's breaker probe: how it ends closes or reopens the breaker.
+    probe: bool = False
 
     @property
     def label(self) -> str:
@@ -75,7 +85,8 @@ def _may_take(attempt: Attempt, bed_id: int, active_beds: set[int]) -> bool:
 
 
 def _poisoned(attempt: Attempt, spec: SweepSpec) -> bool:
-    return attempt.deliveries >= spec.retries + 1 + EXTRA_DELIVERIES
+    # A try the provider failed was delivered and finished: it is no sign of a looping worker.
+    return attempt.deliveries - attempt.provider_failures >= spec.retries + 1 + EXTRA_DELIVERIES
 
 
 def claim_next(
@@ -86,8 +97,14 @@ def claim_next(
     worker: str,
     sweep_id: int | None = None,
     attempt_id: int | None = None,
+    backoff: tuple[float, float] = (PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX),
 ) -> Claim | None:
-    """Claim the next attempt this bed may run (or exactly `attempt_id`), or None."""
+    """Claim the next attempt this bed may run (or exactly `attempt_id`), or None.
+
+    Only attempts every cap allows are looked at (pacing.py): the farm's and the sweep's
+    budgets, the model's breaker and its max_concurrent; `backoff` (base, ceiling) is how long
+    a breaker probe keeps its model's other attempts waiting.
+    """
     with store.session() as session:
         # Lock the bed row: two claimers for one bed (two executors, a second worker) queue here.
         bed = session.get(Bed, bed_id, with_for_update=not store.is_sqlite)
@@ -101,10 +118,13 @@ def claim_next(
             bed.state_reason = refusal
             session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=refusal))
             return None
+        if farm_budget_reached(store, session):
+            return None
         query = (
             select(Attempt, Sweep)
             .join(Sweep, Sweep.id == Attempt.sweep_id)
             .where(Attempt.state == AttemptState.QUEUED, Sweep.state == SweepState.OPEN)
+            .where(*claimable(store), not_(at_capacity(session, bed.pool)))
             # A sealed sweep's evidence is closed: it takes no new executions.
             .where(Sweep.sealed_at.is_(None))
             .where(Attempt.pool == bed.pool)
@@ -124,12 +144,22 @@ def claim_next(
             )
         )
         now = utcnow()
-        for attempt, sweep in session.execute(query).all():
+        candidates = session.execute(query).all()
+        gates = Gates.lock(
+            store,
+            session,
+            {attempt.model for attempt, _ in candidates},
+            capped={m for _, sweep in candidates for m in (sweep.max_concurrent or {})},
+        )
+        for attempt, sweep in candidates:
             spec = SweepSpec.model_validate(sweep.spec)
             if _poisoned(attempt, spec):
                 _finish_poisoned(attempt, now)
                 continue
             if not _may_take(attempt, bed_id, active):
+                continue
+            admitted = gates.admits(attempt.model, (sweep.max_concurrent or {}).get(attempt.model))
+            if not admitted:
                 continue
             won = rowcount(
                 session.execute(
@@ -158,6 +188,8 @@ def claim_next(
                 attempt_id=attempt.id, bed_id=bed_id, number=number, worker=worker, started_at=now
             )
             session.add(execution)
+            if admitted == PROBE:
+                gates.hold_for_probe(attempt.model, *backoff)
             session.flush()
             return Claim(
                 attempt_id=attempt.id,
@@ -170,6 +202,8 @@ def claim_next(
                 model=attempt.model,
                 trial=attempt.trial,
                 spec=spec,
+                provider_failures=attempt.provider_failures,
+                probe=admitted == PROBE,
             )
     return None
 

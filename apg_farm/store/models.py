@@ -182,6 +182,48 @@ class WorkerBeat(Base):
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
 
 
+class ModelGate(Base):
+    """A model's circuit breaker and its lock for `max_concurrent`, one row per model.
+
+    Provider trouble opens the breaker: no attempt of the model is claimed until `paused_until`,
+    then one probe is let through; a probe that ran without trouble closes it, one that met
+    trouble opens it again for twice as long (up to a ceiling). A claim that must count the
+    model's running attempts locks this row first, so two claimers cannot both take the last slot.
+    """
+
+    __tablename__ = "model_gates"
+
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    #: Times the breaker opened in a row (reset when a probe succeeds); sets the back-off.
+    trips: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    paused_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: When the breaker last opened: only an execution started after it may close it.
+    opened_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The provider trouble that opened it (rate_limited, overloaded, auth_expired, api_error).
+    trouble: Mapped[str | None] = mapped_column(String(32))
+    detail: Mapped[str | None] = mapped_column(Text)
+
+
+class Budget(Base):
+    """A farm-wide spending cap: `daily` (per UTC day of the store's clock) or `total`."""
+
+    __tablename__ = "budgets"
+
+    scope: Mapped[str] = mapped_column(String(20), primary_key=True)
+    limit_usd: Mapped[float] = mapped_column(Float)
+    set_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Spend(Base):
+    """Running spend totals: `total`, and `day:YYYY-MM-DD` per UTC day. Added to as each
+    execution is recorded, so a claim reads two rows whatever the history."""
+
+    __tablename__ = "spend"
+
+    key: Mapped[str] = mapped_column(String(20), primary_key=True)
+    spent_usd: Mapped[float] = mapped_column(Float, default=0.0)
+
+
 class Sweep(Base):
     """A submitted sweep and its validated spec."""
 
@@ -199,6 +241,15 @@ class Sweep(Base):
     sealed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     seal_sha256: Mapped[str | None] = mapped_column(String(64))
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
+    #: The sweep's spending cap (from its file's budget_usd, raised by `apg-farm budget set
+    #: --sweep`): once spent_usd reaches it, no new attempt of the sweep is claimed.
+    budget_usd: Mapped[float | None] = mapped_column(Float)
+    #: What the sweep's executions cost so far, added as each is recorded: a claim reads one
+    #: figure instead of summing the history.
+    spent_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    #: Attempts of a model running at once, farm-wide, that this sweep allows (its file's
+    #: max_concurrent); None when it sets none.
+    max_concurrent: Mapped[dict[str, int] | None] = mapped_column(JSONText)
 
 
 class Attempt(Base):
@@ -239,6 +290,11 @@ class Attempt(Base):
     #: When a message for it was last sent to the broker (distributed mode); None in embedded mode.
     enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     dispatches: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: Tries the provider failed (rate limit, outage): retried without counting as infrastructure
+    #: failures of a bed, a limited number of times (the record saying so is agent-writable).
+    provider_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: Not claimed before this time: a provider failure's back-off.
+    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
