@@ -1,6 +1,7 @@
 """The scheduler: making work and sending it.
 
-`plan` expands a sweep into attempt keys and `submit` stores them; `queues` names the broker's
+`plan` expands a sweep into attempt keys and `submit` stores them (`estimate` says beforehand
+what they would cost and take, from earlier executions); `queues` names the broker's
 queues and tasks and `publish` sends attempts to them; `reconciler` (with `broker_view`) makes the
 broker match the store again; `control` cancels, retries, reports status and which workers are
 alive (their heartbeats). Imports results, store and contract; never workers.
@@ -18,6 +19,7 @@ from scheduler.control import (
     sweep_status,
     worker_beats,
 )
+from scheduler.estimate import PairEstimate, Spread, SweepEstimate, Total, estimate_sweep
 from scheduler.plan import expand
 from scheduler.publish import Sender, publish_attempts
 from scheduler.queues import (
@@ -42,14 +44,19 @@ __all__ = [
     "LIVE_WITHIN",
     "MAINTENANCE_EXPIRY",
     "RUN_ATTEMPT",
+    "PairEstimate",
     "Reconciliation",
     "Sender",
+    "Spread",
     "Submission",
+    "SweepEstimate",
+    "Total",
     "WorkerSeen",
     "attempt_of",
     "attempt_time_limits",
     "bed_queue",
     "cancel_sweep",
+    "estimate_sweep",
     "expand",
     "live_workers",
     "maintenance_time_limits",

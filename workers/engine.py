@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from apg_farm import contract
@@ -349,6 +349,8 @@ class AttemptEngine:
                 delays=self.backoff,
             )
             execution.result = outcome or "RETRY"
+            if verdict.provider_trouble is not None:
+                _to_the_back(session, row)
             self._pace_model(session, claim, verdict, execution)
             _quarantine(session, bed, [*reasons, *([in_a_row] if in_a_row else [])])
             if bed.state == BedState.DRAINING:
@@ -371,6 +373,18 @@ class AttemptEngine:
             )
         elif claim.probe and verdict.action == "final":
             close(self.store, session, claim.model, execution.started_at)
+
+
+def _to_the_back(session: Session, row: Attempt) -> None:
+    """Behind every queued attempt of its pool: the breaker's next probe is another attempt, so
+    an outage spreads its provider failures over the queue instead of using up one attempt's."""
+    last = session.scalar(
+        select(func.max(Attempt.seq)).where(
+            Attempt.pool == row.pool, Attempt.state == AttemptState.QUEUED, Attempt.id != row.id
+        )
+    )
+    if last is not None and last >= row.seq:
+        row.seq = last + 1
 
 
 def _quarantine(session: Session, bed: Bed, reasons: list[str]) -> None:
@@ -405,10 +419,9 @@ def _settle(
     row.lease_expires_at = None
     if verdict.provider_trouble is not None:
         # The provider failed, not the bed nor the model: the bed's count does not move, the
-        # attempt may go back to this very bed, and it waits out a back-off that grows faster
-        # than the model's breaker, so the next probe is another attempt.
+        # attempt may go back to this very bed, and it waits out a back-off.
         row.provider_failures += 1
-        wait = backoff(2 * row.provider_failures, *delays)
+        wait = backoff(row.provider_failures, *delays)
         # On the store's clock, the one the claim compares it with.
         row.not_before = store.now_plus(wait)
         row.state = AttemptState.QUEUED

@@ -30,6 +30,7 @@ from apg_farm.store import BedState, Store
 from scheduler import (
     Submission,
     cancel_sweep,
+    estimate_sweep,
     parse_retry_outcomes,
     pool_queue,
     retry_attempts,
@@ -278,9 +279,40 @@ def bed_release(name: str) -> None:
 def sweep_submit(
     file: Path,
     wait: Annotated[bool, typer.Option(help="Block until every attempt has an outcome.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Validate and estimate cost and time from earlier executions; store nothing.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --dry-run: the estimate as JSON.")
+    ] = False,
 ) -> None:
-    """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds."""
+    """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds.
+
+    --dry-run stores and sends nothing: it estimates cost and time from earlier executions."""
+    if dry_run and wait:
+        raise BadInput(
+            "--dry-run and --wait cannot go together: a dry run sends nothing to wait for",
+            field="--dry-run",
+            fix="drop --wait, or --dry-run to submit",
+        )
+    if as_json and not dry_run:
+        raise BadInput("--json goes with --dry-run", field="--json", fix="add --dry-run")
     store = open_store()
+    if dry_run:
+        # What submit checks (the file, the broker's limits, the stored sweep), then no write.
+        spec = load_sweep(file)
+        if distributed.broker_configured():
+            distributed.check_limits(spec)
+        estimate = estimate_sweep(store, spec)
+        if as_json:
+            print_json(estimate.as_dict())
+        else:
+            out.print(estimate.describe(), markup=False, soft_wrap=True)
+        return
     result = _submit_file(store, file)
     if not distributed.broker_configured():
         if wait:

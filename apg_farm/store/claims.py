@@ -184,8 +184,14 @@ def claim_next(
                 )
                 or 0
             ) + 1
+            # Stamped now, not when the claim began: a claim that waited for a gate's lock
+            # starts after whatever finished meanwhile.
             execution = Execution(
-                attempt_id=attempt.id, bed_id=bed_id, number=number, worker=worker, started_at=now
+                attempt_id=attempt.id,
+                bed_id=bed_id,
+                number=number,
+                worker=worker,
+                started_at=utcnow(),
             )
             session.add(execution)
             if admitted == PROBE:

@@ -74,7 +74,7 @@ def farm_budget_reached(store: Store, session: Session) -> str | None:
     spent = dict(
         session.execute(
             select(Spend.key, Spend.spent_usd).where(Spend.key.in_(keys.values()))
-        )
+        ).all()
     )
     for scope in SCOPES:
         if scope in limits:
@@ -296,7 +296,7 @@ def budget_status(store: Store) -> dict[str, Any]:
         spent = dict(
             session.execute(
                 select(Spend.key, Spend.spent_usd).where(Spend.key.in_([today, TOTAL]))
-            )
+            ).all()
         )
         reached = farm_budget_reached(store, session)
     return {

@@ -1,0 +1,280 @@
+"""Spend and pace (#12): budgets and max_concurrent hold under racing beds, a raised budget
+resumes, and a provider outage quarantines no bed, counts nothing against the model and pauses
+only that model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from apg_farm.contract import Outcome
+from apg_farm.errors import BadInput
+from apg_farm.specs import SweepSpec, parse_sweep
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    Execution,
+    ModelGate,
+    Store,
+    Sweep,
+    set_budget,
+    set_sweep_budget,
+)
+from fixtures import simbed
+from scheduler import submit, sweep_status
+from tests.simbeds import make_beds, spec
+from workers import EmbeddedExecutor
+
+M0, M1 = simbed.DEFAULT_MODELS[:2]
+
+
+def _executions(store: Store, sweep_id: int | None = None) -> list[tuple[str, Execution]]:
+    with store.read() as session:
+        query = select(Attempt.model, Execution).join(Attempt, Attempt.id == Execution.attempt_id)
+        if sweep_id is not None:
+            query = query.where(Attempt.sweep_id == sweep_id)
+        return [(model, execution) for model, execution in session.execute(query).all()]
+
+
+def _states(store: Store, sweep_id: int) -> dict[str, int]:
+    with store.read() as session:
+        return dict(
+            session.execute(
+                select(Attempt.state, func.count())
+                .where(Attempt.sweep_id == sweep_id)
+                .group_by(Attempt.state)
+            ).all()
+        )
+
+
+def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
+    """The most intervals open at one instant (an end before a start at the same time)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+# --- the sweep file ------------------------------------------------------------------------
+
+
+def test_pacing_fields_are_validated_and_left_out_of_the_digest() -> None:
+    plain = spec()
+    paced = spec(budget_usd=12.5, max_concurrent={M0: 2})
+    # What a sweep evaluates is the same: its digest (and every digest made before) is unchanged.
+    assert paced.digest() == plain.digest()
+    assert "budget_usd" not in plain.canonical_json()
+    with pytest.raises(BadInput, match="max_concurrent"):
+        parse_sweep(
+            {**plain.model_dump(mode="json"), "max_concurrent": {"nobody/model": 1}}, source="f"
+        )
+    with pytest.raises(BadInput, match="budget_usd"):
+        parse_sweep({**plain.model_dump(mode="json"), "budget_usd": -1}, source="f")
+    with pytest.raises(BadInput, match="max_concurrent"):
+        parse_sweep({**plain.model_dump(mode="json"), "max_concurrent": {M0: 0}}, source="f")
+
+
+def test_a_resubmit_changes_the_pace_not_the_sweep(store: Store) -> None:
+    first = submit(store, spec(budget_usd=5.0))
+    again = submit(store, spec(budget_usd=9.0, max_concurrent={M1: 3}))
+    assert again.created == 0
+    with store.read() as session:
+        sweep = session.get_one(Sweep, first.sweep_id)
+        assert sweep.budget_usd == 9.0 and sweep.max_concurrent == {M1: 3}
+        assert SweepSpec.model_validate(sweep.spec).budget_usd == 9.0
+        assert sweep.spec_sha256 == spec().digest()
+
+
+# --- budgets ---------------------------------------------------------------------------------
+
+
+def test_a_sweep_budget_holds_under_racing_beds_and_a_raise_resumes_it(
+    store: Store, tmp_path: Path
+) -> None:
+    beds = 6
+    make_beds(store, tmp_path, beds)
+    # What one execution costs on these simulated models, to size the budget: about 10 of 48.
+    probe = spec("probe", tasks=1, trials=1)
+    probe_id = submit(store, probe).sweep_id
+    assert EmbeddedExecutor(store, probe_id).run().errors == []
+    mean = sum(e.cost_usd or 0 for _, e in _executions(store, probe_id)) / 2
+    budget = 10 * mean
+
+    sweep_id = submit(store, spec(tasks=2, trials=12, budget_usd=budget)).sweep_id
+    result = EmbeddedExecutor(store, sweep_id).run()
+    assert result.errors == []
+    assert result.paused and "budget: sweep spent" in result.paused[0]
+    costs = [e.cost_usd or 0.0 for _, e in _executions(store, sweep_id)]
+    with store.read() as session:
+        spent = session.get_one(Sweep, sweep_id).spent_usd
+    assert spent == pytest.approx(sum(costs))
+    # Past the cap by no more than what the beds had in flight when it was reached.
+    assert budget <= spent <= budget + beds * max(costs)
+    states = _states(store, sweep_id)
+    assert states.get(AttemptState.QUEUED, 0) > 0 and states.get(AttemptState.RUNNING, 0) == 0
+    status = sweep_status(store, sweep_id)
+    assert status["paused"] and status["spend"]["budget_usd"] == pytest.approx(budget)
+
+    set_sweep_budget(store, sweep_id, None)
+    resumed = EmbeddedExecutor(store, sweep_id).run()
+    assert resumed.errors == [] and not resumed.paused and resumed.stranded == 0
+    assert _states(store, sweep_id) == {AttemptState.DONE: 48}
+    assert sweep_status(store, sweep_id)["paused"] == []
+
+
+def test_the_farm_total_budget_stops_every_sweep_and_a_raise_resumes(
+    store: Store, tmp_path: Path
+) -> None:
+    make_beds(store, tmp_path, 3)
+    set_budget(store, "total", 1e-9)
+    sweep_id = submit(store, spec(tasks=1, trials=2)).sweep_id
+    first = EmbeddedExecutor(store, sweep_id).run()
+    # The cap is below one execution: the first wave runs (one per bed at most), then it stops.
+    assert first.paused and "farm total" in first.paused[0]
+    ran = len(_executions(store, sweep_id))
+    assert 1 <= ran <= 3
+    set_budget(store, "total", 1e6)
+    assert EmbeddedExecutor(store, sweep_id).run().stranded == 0
+    assert _states(store, sweep_id) == {AttemptState.DONE: 4}
+
+
+# --- max_concurrent ----------------------------------------------------------------------------
+
+
+def test_max_concurrent_holds_across_two_sweeps(store: Store, tmp_path: Path) -> None:
+    make_beds(store, tmp_path, 6)
+    cap = 2
+    ids = [
+        submit(store, spec(name, tasks=2, trials=4, max_concurrent={M0: cap})).sweep_id
+        for name in ("a", "b")
+    ]
+    results = []
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(EmbeddedExecutor(store, i).run()))
+        for i in ids
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(results) == 2 and all(r.errors == [] and r.stranded == 0 for r in results)
+    m0 = [
+        (e.started_at, e.finished_at)
+        for model, e in _executions(store)
+        if model == M0 and e.finished_at is not None
+    ]
+    assert len(m0) >= 16
+    assert _max_overlap(m0) <= cap
+    # The other model was not held back to the cap.
+    m1 = [(e.started_at, e.finished_at) for model, e in _executions(store) if model == M1]
+    assert _max_overlap([(s, f) for s, f in m1 if f is not None]) > cap
+
+
+# --- provider trouble ---------------------------------------------------------------------------
+
+
+def _outage(approots: list[Path], models: list[str], seconds: float) -> float:
+    until = time.time() + seconds
+    for root in approots:
+        simbed.write_faults(root, {"provider_error": {"models": models, "until": until}})
+    return until
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APG_FARM_PROVIDER_BACKOFF", "0.1")
+    monkeypatch.setenv("APG_FARM_PROVIDER_BACKOFF_MAX", "0.4")
+
+
+def test_a_provider_outage_pauses_only_its_model_and_counts_against_nobody(
+    store: Store, tmp_path: Path, quick_backoff: None
+) -> None:
+    beds = make_beds(store, tmp_path, 3)
+    until = _outage([Path(b.approot) for b in beds], [M0], 1.5)
+    sweep_id = submit(store, spec(tasks=2, trials=3)).sweep_id
+    result = EmbeddedExecutor(store, sweep_id).run()
+    assert result.errors == [] and result.stranded == 0
+    with store.read() as session:
+        attempts = list(session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)))
+        bed_rows = list(session.scalars(select(Bed)))
+        gate = session.get(ModelGate, M0)
+    # Every attempt counted once, by the model's own work.
+    assert len(attempts) == 12
+    assert {a.outcome for a in attempts} <= {Outcome.PASSED, Outcome.FAILED}
+    executions = _executions(store, sweep_id)
+    troubled = [(m, e) for m, e in executions if e.provider_trouble]
+    assert troubled, "the outage never hit a run"
+    assert {m for m, _ in troubled} == {M0}
+    assert all(e.result == "RETRY" and "provider trouble" in (e.reason or "") for _, e in troubled)
+    finals = [e for _, e in executions if e.result != "RETRY"]
+    assert len(finals) == 12 and all(e.provider_trouble is None for e in finals)
+    assert all(a.infra_failures == 0 for a in attempts)
+    # No bed paid for it.
+    assert all(b.state == BedState.ACTIVE and b.consecutive_errors == 0 for b in bed_rows)
+    # The breaker opened, then closed on a probe after the outage.
+    assert gate is not None and gate.trips == 0 and gate.paused_until is None
+    # The other model kept running while the first was paused.
+    first_trouble = min(e.finished_at for _, e in troubled if e.finished_at)
+    assert any(
+        model == M1 and first_trouble < e.started_at and e.started_at.timestamp() < until
+        for model, e in executions
+    )
+
+
+def test_an_outage_on_one_bed_never_quarantines_it(
+    store: Store, tmp_path: Path, quick_backoff: None
+) -> None:
+    """Every failure lands on the one bed, well over the three-in-a-row quarantine."""
+    (bed,) = make_beds(store, tmp_path, 1)
+    _outage([Path(bed.approot)], [M0], 3.0)
+    sweep_id = submit(store, spec(tasks=2, models=1, trials=3)).sweep_id
+    assert EmbeddedExecutor(store, sweep_id).run().stranded == 0
+    troubled = [e for _, e in _executions(store, sweep_id) if e.provider_trouble]
+    assert len(troubled) > 3
+    with store.read() as session:
+        row = session.get_one(Bed, bed.id)
+        outcomes = set(session.scalars(select(Attempt.outcome).where(Attempt.sweep_id == sweep_id)))
+    assert row.state == BedState.ACTIVE
+    assert outcomes <= {Outcome.PASSED, Outcome.FAILED}
+
+
+def test_claimed_provider_trouble_on_a_changed_site_is_graded(
+    store: Store, tmp_path: Path, quick_backoff: None
+) -> None:
+    """The record is agent-writable: an agent that built something and then wrote an outage
+    into claude.json is graded like any run, never given another try."""
+    (bed,) = make_beds(store, tmp_path, 1)
+    simbed.write_faults(Path(bed.approot), {"provider_error": {"after_build": True}})
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=2)).sweep_id
+    assert EmbeddedExecutor(store, sweep_id).run().stranded == 0
+    executions = _executions(store, sweep_id)
+    assert len(executions) == 2
+    assert all(e.provider_trouble and e.result != "RETRY" for _, e in executions)
+
+
+def test_an_agent_faking_outages_gets_few_retries(
+    store: Store, tmp_path: Path, quick_backoff: None
+) -> None:
+    """Faked trouble on an unchanged site is believed only PROVIDER_RETRIES times; after that
+    the run is judged as usual (here: nothing built, so it fails)."""
+    from apg_farm.defaults import PROVIDER_RETRIES
+
+    (bed,) = make_beds(store, tmp_path, 1)
+    _outage([Path(bed.approot)], [M0], 3600)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    assert EmbeddedExecutor(store, sweep_id).run().stranded == 0
+    executions = _executions(store, sweep_id)
+    assert len(executions) == PROVIDER_RETRIES + 1
+    with store.read() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).one()
+    assert attempt.state == AttemptState.DONE
+    assert attempt.outcome in (Outcome.FAILED, Outcome.NO_ATTEMPT)
