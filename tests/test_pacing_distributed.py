@@ -1,0 +1,115 @@
+"""Spend and pace with real Celery worker processes racing on PostgreSQL (#12): a sweep budget
+and a model's max_concurrent hold, a paused sweep's messages are dropped, not passed round, and
+raising the budget resumes it through the reconciler without a resubmit."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from apg_farm.store import Attempt, AttemptState, Execution, Store, set_sweep_budget
+from fixtures import simbed
+from scheduler import publish_attempts, reconcile, submit, sweep_status
+from tests.services import RedisServer, Workers
+from tests.simbeds import make_beds, spec
+from tests.test_distributed import (  # noqa: F401 - fixtures
+    LEASE,
+    _app,
+    _assert_counted_once_and_no_overlap,
+    _wait_done,
+    farm,
+    redis,
+)
+from tests.test_pacing import _max_overlap
+
+M0 = simbed.DEFAULT_MODELS[0]
+
+
+def _wait_paused(store: Store, sweep_id: int, redis: RedisServer, timeout: float = 120) -> None:
+    """Reconcile until the sweep is paused by its budget with nothing running."""
+    app = _app(redis)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = sweep_status(store, sweep_id)
+        if status["paused"] and status["states"]["running"] == 0:
+            return
+        with contextlib.suppress(Exception):
+            reconcile(store, app, redis.url, unacked_grace=LEASE)
+        time.sleep(0.5)
+    pytest.fail(f"sweep never paused: {sweep_status(store, sweep_id)}")
+
+
+def test_celery_workers_racing_keep_the_budget_and_max_concurrent(
+    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    store, workers = farm
+    beds = make_beds(store, tmp_path, 4)
+    calibrate = submit(store, spec("calibrate", tasks=1, trials=1)).sweep_id
+    for bed in beds:
+        workers.start(bed.name)
+    publish_attempts(store, _app(redis), _queued(store, calibrate))
+    _wait_done(store, calibrate, redis, workers)
+    with store.read() as session:
+        mean = (
+            session.scalar(
+                select(func.avg(Execution.cost_usd))
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .where(Attempt.sweep_id == calibrate)
+            )
+            or 0.0
+        )
+    budget = 8 * mean
+    sweep_id = submit(
+        store, spec("paced", tasks=2, trials=8, budget_usd=budget, max_concurrent={M0: 2})
+    ).sweep_id
+    publish_attempts(store, _app(redis), _queued(store, sweep_id))
+    _wait_paused(store, sweep_id, redis)
+
+    with store.read() as session:
+        costs = [
+            c or 0.0
+            for c in session.scalars(
+                select(Execution.cost_usd)
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .where(Attempt.sweep_id == sweep_id)
+            )
+        ]
+        queued = session.scalar(
+            select(func.count()).where(
+                Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED
+            )
+        )
+    spent = sweep_status(store, sweep_id)["spend"]["spent_usd"]
+    assert spent == pytest.approx(sum(costs), rel=1e-6)
+    assert budget <= spent <= budget + len(beds) * max(costs)
+    assert queued and queued > 0
+
+    set_sweep_budget(store, sweep_id, None)
+    _wait_done(store, sweep_id, redis, workers, timeout=180)
+    _assert_counted_once_and_no_overlap(store, beds)
+    with store.read() as session:
+        m0 = [
+            (started, finished)
+            for started, finished in session.execute(
+                select(Execution.started_at, Execution.finished_at)
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .where(Attempt.sweep_id == sweep_id, Attempt.model == M0)
+            )
+            if finished is not None
+        ]
+    assert len(m0) >= 16 and _max_overlap(m0) <= 2
+
+
+def _queued(store: Store, sweep_id: int) -> list[int]:
+    with store.read() as session:
+        return list(
+            session.scalars(
+                select(Attempt.id).where(
+                    Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED
+                )
+            )
+        )
