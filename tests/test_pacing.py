@@ -278,3 +278,22 @@ def test_an_agent_faking_outages_gets_few_retries(
         attempt = session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).one()
     assert attempt.state == AttemptState.DONE
     assert attempt.outcome in (Outcome.FAILED, Outcome.NO_ATTEMPT)
+
+
+def test_status_names_a_paused_model_and_the_daily_spend(store: Store, tmp_path: Path) -> None:
+    from apg_farm.store import budget_status, trip
+
+    make_beds(store, tmp_path, 2)
+    set_budget(store, "daily", 1e-9)
+    sweep_id = submit(store, spec(tasks=1, trials=1)).sweep_id
+    result = EmbeddedExecutor(store, sweep_id).run()
+    assert result.paused and "farm daily" in result.paused[0]
+    daily = budget_status(store)["daily"]
+    assert daily["spent_usd"] > 0 and budget_status(store)["paused"]
+    with store.session() as session:
+        trip(store, session, M0, trouble="rate_limited", detail="429", base=60, ceiling=600)
+    status = sweep_status(store, sweep_id)
+    (paused,) = status["paused_models"]
+    assert paused["model"] == M0 and paused["trouble"] == "rate_limited"
+    assert paused["trips"] == 1 and paused["waiting_for"] == "back-off"
+    assert any("farm daily" in reason for reason in status["paused"])

@@ -17,10 +17,11 @@ from apg_farm.beds import (
     run_provision,
     validate_new_bed,
 )
+from apg_farm.cli.analysis import cost_table
 from apg_farm.cli.common import err, out, report_table
 from apg_farm.cli.running import execute_sweep
 from apg_farm.defaults import DEFAULT_FIXTURES
-from apg_farm.results import find_sweep, sweep_report
+from apg_farm.results import analyse, find_sweep
 from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec, Timeouts
 from apg_farm.store import Bed, BedEvent, BedState, Store
@@ -160,6 +161,9 @@ def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults:
     out.print(submission.describe())
     ok = execute_sweep(store, submission.sweep_id)
     sweep = find_sweep(store, str(submission.sweep_id))
-    out.print(report_table(sweep_report(store, sweep)))
+    report = analyse(store, sweep)
+    out.print(report_table(report))
+    # What each model cost, per attempt and per pass, from the simulated adapters' records.
+    out.print(cost_table(report))
     out.print(f"stored in {store.safe_url()}; see it again with: apg-farm report {sweep.name}")
     return ok
