@@ -285,7 +285,7 @@ def test_status_names_a_paused_model_and_the_daily_spend(store: Store, tmp_path:
 
     make_beds(store, tmp_path, 2)
     set_budget(store, "daily", 1e-9)
-    sweep_id = submit(store, spec(tasks=1, trials=1)).sweep_id
+    sweep_id = submit(store, spec(tasks=1, trials=3)).sweep_id
     result = EmbeddedExecutor(store, sweep_id).run()
     assert result.paused and "farm daily" in result.paused[0]
     daily = budget_status(store)["daily"]
