@@ -5,6 +5,8 @@ raising the budget resumes it through the reconciler without a resubmit."""
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -87,6 +89,16 @@ def test_celery_workers_racing_keep_the_budget_and_max_concurrent(
     assert spent == pytest.approx(sum(costs), rel=1e-6)
     assert budget <= spent <= budget + len(beds) * max(costs)
     assert queued and queued > 0
+    # `--wait` (here through `sweep resume`) does not wait for a person: it says why and exits 1.
+    waited = subprocess.run(
+        [sys.executable, "-m", "apg_farm", "sweep", "resume", "paced"],
+        capture_output=True,
+        text=True,
+        env=workers.env,
+        timeout=120,
+    )
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "paused: budget: sweep spent" in waited.stderr
 
     set_sweep_budget(store, sweep_id, None)
     _wait_done(store, sweep_id, redis, workers, timeout=180)

@@ -20,7 +20,7 @@ from apg_farm.store import (
     Sweep,
     SweepState,
     requeue_expired,
-    sweep_pauses,
+    stopped_by_budget,
 )
 from apg_farm.transports import Transport
 from workers.engine import AttemptEngine, AttemptReport
@@ -123,19 +123,11 @@ class EmbeddedExecutor:
     def _budget_spent(self) -> bool:
         """A budget stops the sweep (nothing of it runs, nothing may start): waiting here would
         wait for a person. The run ends and says so; queued attempts stay queued."""
-        with self.store.read() as session:
-            sweep = session.get_one(Sweep, self.sweep_id)
-            pauses = sweep_pauses(self.store, session, sweep)
-            running = session.scalar(
-                select(func.count())
-                .select_from(Attempt)
-                .where(Attempt.sweep_id == self.sweep_id, Attempt.state == AttemptState.RUNNING)
-            )
-        if not pauses or running:
-            return False
-        with self._lock:
-            self.result.paused = pauses
-        return True
+        pauses = stopped_by_budget(self.store, self.sweep_id)
+        if pauses:
+            with self._lock:
+                self.result.paused = pauses
+        return bool(pauses)
 
     def _bed_active(self, bed_name: str) -> bool:
         with self.store.read() as session:

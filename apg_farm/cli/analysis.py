@@ -24,16 +24,19 @@ from apg_farm.results import (
     build_baseline,
     check_regression,
     compare,
+    cost_findings,
     export_eee,
     find_sweep,
     load_baseline,
     load_side,
+    parse_cost_increase,
     parse_indispensable,
     render_html,
     render_watch,
     report_csv,
     seal,
     seal_directory,
+    usd,
     verify_seal,
     watch_snapshot,
     write_baseline,
@@ -43,6 +46,13 @@ from scheduler import sweep_status
 
 #: Report formats `apg-farm report --format` accepts.
 FORMATS = ("table", "json", "csv", "html")
+
+#: Help of --max-cost-increase on compare and check (taken as text: a bad value is BadInput).
+COST_HELP = (
+    "Fail (exit 1) when a model's cost per execution (total cost ÷ priced executions, over the "
+    "tasks both sides ran and priced) rose by more than this fraction (0.2 = 20 %); unknown "
+    "cost is reported, not failed."
+)
 
 baseline_app = typer.Typer(help="Promote sweeps to baselines and list them.", no_args_is_help=True)
 
@@ -143,10 +153,6 @@ def _warn_without_worker(store: Store, sweep_id: int) -> None:
         err.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
 
 
-def _usd(value: float | None) -> str:
-    return "—" if value is None else f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
-
-
 def cost_table(report: dict[str, Any]) -> Table:
     """Per model: what it cost, per attempt and per pass (with the pass rate's interval)."""
     table = Table(title="cost per model (from the adapter's records; retries included)")
@@ -158,10 +164,10 @@ def cost_table(report: dict[str, Any]) -> Table:
         low, high = row.get("cost_per_pass_low"), row.get("cost_per_pass_high")
         table.add_row(
             row["model"],
-            _usd(row.get("cost_usd")),
-            _usd(row.get("median_cost_usd")),
-            _usd(row.get("cost_per_pass")),
-            f"{_usd(low)}–{_usd(high) if high is not None else '∞'}" if low is not None else "—",
+            usd(row.get("cost_usd")),
+            usd(row.get("median_cost_usd")),
+            usd(row.get("cost_per_pass")),
+            f"{usd(low)}–{usd(high) if high is not None else '∞'}" if low is not None else "—",
             f"{tokens.get('input_tokens', 0):,}/{tokens.get('output_tokens', 0):,}"
             if tokens
             else "—",
@@ -201,12 +207,15 @@ def compare_cmd(
     a: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
     b: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
     fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    max_cost_increase: Annotated[str | None, typer.Option(help=COST_HELP)] = None,
 ) -> None:
-    """Compare two sweeps (or a sweep and a baseline): pass rates, B − A with 95 % intervals."""
+    """Compare two sweeps (or a sweep and a baseline): pass rates, B − A with 95 % intervals; with --max-cost-increase, exit 1 when a model's cost per execution rose by more."""
     if fmt not in ("table", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use table or json")
+    allowed = parse_cost_increase(max_cost_increase)
     side_a, side_b = load_side(a, open_store), load_side(b, open_store)
     result = compare(side_a.summary, side_b.summary)
+    cost = cost_findings(result, allowed) if allowed is not None else None
     if fmt == "json":
         print_json(
             {
@@ -214,8 +223,11 @@ def compare_cmd(
                 "b": side_b.label,
                 **result,
                 "problems": [*side_a.problems, *side_b.problems],
+                **({"cost_check": {"max_cost_increase": allowed, **vars(cost)}} if cost else {}),
             }
         )
+        if cost and cost.failures:
+            raise typer.Exit(1)
         return
     for table in compare_table(result, side_a, side_b):
         out.print(table)
@@ -231,6 +243,17 @@ def compare_cmd(
         err.print(f"[yellow]provenance changed:[/] {escape(change)}")
     for problem in (*side_a.problems, *side_b.problems):
         err.print(f"[red]evidence does not verify:[/] {escape(problem)}", soft_wrap=True)
+    if cost is None:
+        return
+    for line in cost.within:
+        out.print(escape(f"cost: {line}"), soft_wrap=True)
+    for line in cost.unknown:
+        out.print(f"[yellow]cost:[/] {escape(line)}", soft_wrap=True)
+    for line in cost.failures:
+        out.print(f"[red]FAIL:[/] {escape(line)}", soft_wrap=True)
+    if cost.failures:
+        out.print(f"[red]cost check failed[/]: {len(cost.failures)} model(s)")
+        raise typer.Exit(1)
 
 
 @baseline_app.command("promote")
@@ -312,10 +335,12 @@ def check_cmd(
         typer.Option("--indispensable", help="More indispensable tasks: TASK or TASK=MIN_RATE."),
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="text or json")] = "text",
+    max_cost_increase: Annotated[str | None, typer.Option(help=COST_HELP)] = None,
 ) -> None:
-    """Regression gate: exit 0 if the candidate holds up, 1 on a regression, a new indispensable failure or evidence that does not verify, 2 on bad input."""
+    """Regression gate: exit 0 if the candidate holds up, 1 on a regression (pass rate, or cost with --max-cost-increase), a new indispensable failure or evidence that does not verify, 2 on bad input."""
     if fmt not in ("text", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
+    allowed = parse_cost_increase(max_cost_increase)
     gates = parse_indispensable(indispensable or [])
     base, cand = load_side(baseline, open_store), load_side(candidate, open_store)
     policy = CheckPolicy(
@@ -323,6 +348,7 @@ def check_cmd(
         max_invalid=max_invalid,
         max_error=max_error,
         significant_only=significant_only,
+        max_cost_increase=allowed,
     )
     verdict = check_regression(base, cand, policy, indispensable=gates)
     if fmt == "json":

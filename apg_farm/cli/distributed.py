@@ -21,7 +21,7 @@ from apg_farm.cli.progress import done_count
 from apg_farm.errors import BadInput, FarmError
 from apg_farm.settings import Settings, load_settings
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Bed, BedEvent, BedState, Store, Sweep, utcnow
+from apg_farm.store import Bed, BedEvent, BedState, Store, Sweep, stopped_by_budget, utcnow
 from scheduler import (
     BED_MAINTENANCE,
     LIVE_WITHIN,
@@ -128,7 +128,8 @@ def no_live_worker(store: Store, pool: str) -> str | None:
 def wait_for_sweep(store: Store, sweep_id: int) -> bool:
     """Block with a progress bar until every attempt has an outcome; reconcile while waiting.
 
-    False (exit 1) when the pool has no active bed, or no live worker for the grace period.
+    False (exit 1) when the pool has no active bed, no live worker for the grace period, or a
+    budget holds the sweep with nothing running.
     """
     settings, broker_url = require_broker()
     grace = load_settings().no_worker_grace
@@ -158,6 +159,12 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
             now = time.monotonic()
             if now - last_check >= 1.0:
                 last_check = now
+                if paused := stopped_by_budget(store, sweep_id):
+                    err.print(
+                        f"[yellow]paused: {'; '.join(paused)}[/]: raise it with "
+                        "`apg-farm budget set`, then `apg-farm sweep resume SWEEP`"
+                    )
+                    return False
                 problem = no_live_worker(store, pool)
                 if problem is None:
                     no_worker_since = None

@@ -1,9 +1,9 @@
 """Results: everything that reads the store to answer a question about sweeps.
 
 `stats` holds the statistics (Wilson, pass@k, McNemar, Newcombe, Holm); `report` and `analysis`
-compute a sweep's figures, which `csv_report`, `html_report` and `watch` present; `comparison`,
-`baseline` and `regression` set one result against another; `sealing` and `export` make evidence
-others can check. Imports store and contract.
+compute a sweep's figures (`costs` what they cost), which `csv_report`, `html_report` (with
+`cost_plot`) and `watch` present; `comparison`, `baseline` and `regression` set one result against
+another; `sealing` and `export` make evidence others can check. Imports store and contract.
 """
 
 from __future__ import annotations
@@ -17,11 +17,19 @@ from apg_farm.results.baseline import (
     write_baseline,
 )
 from apg_farm.results.comparison import Side, compare, load_side
+from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
 from apg_farm.results.export import export_eee, model_slug
 from apg_farm.results.html_report import render_html
 from apg_farm.results.queries import group_quantiles
-from apg_farm.results.regression import CheckPolicy, CheckVerdict, check_regression
+from apg_farm.results.regression import (
+    CheckPolicy,
+    CheckVerdict,
+    CostFindings,
+    check_regression,
+    cost_findings,
+    parse_cost_increase,
+)
 from apg_farm.results.report import CELL_COUNTS, find_sweep, sweep_report
 from apg_farm.results.sealing import (
     SealedSweep,
@@ -49,6 +57,8 @@ __all__ = [
     "CSV_COLUMNS",
     "CheckPolicy",
     "CheckVerdict",
+    "CostFindings",
+    "CostPoint",
     "LoadedBaseline",
     "SealedSweep",
     "Side",
@@ -57,6 +67,8 @@ __all__ = [
     "build_baseline",
     "check_regression",
     "compare",
+    "cost_findings",
+    "cost_points",
     "export_eee",
     "find_sweep",
     "group_quantiles",
@@ -68,6 +80,8 @@ __all__ = [
     "newcombe_paired",
     "newcombe_unpaired",
     "paired_comparison",
+    "pareto_front",
+    "parse_cost_increase",
     "parse_indispensable",
     "pass_at_k",
     "pass_hat_k",
@@ -79,6 +93,7 @@ __all__ = [
     "seal",
     "seal_directory",
     "sweep_report",
+    "usd",
     "verify_seal",
     "watch_snapshot",
     "wilson",

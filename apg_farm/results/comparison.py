@@ -3,7 +3,9 @@
 A "side" is a summary with the keys of an analysis (`sweep`, `outcomes`, `cells`, `models`,
 `provenance`) plus `indispensable`, read from the store or from a baseline file. Differences are
 B minus A, each with Newcombe's interval for independent samples: two sweeps are two separate
-samples of the same models, so nothing pairs their trials.
+samples of the same models, so nothing pairs their trials. Each side also carries its **cost per
+execution** (total cost ÷ priced executions), per model pooled over the tasks both sides ran and
+both priced, for `--max-cost-increase`.
 """
 
 from __future__ import annotations
@@ -75,6 +77,20 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"diff": diff.estimate, "diff_low": diff.low, "diff_high": diff.high}
 
 
+def _cost(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Total cost, priced executions and their ratio over cells (None when nothing was priced).
+
+    A baseline promoted before costs were recorded has no cost keys: unknown, not zero."""
+    priced = [c for c in cells if c.get("cost_usd") is not None and c.get("costed_executions")]
+    total = sum(float(c["cost_usd"]) for c in priced)
+    executions = sum(int(c["costed_executions"]) for c in priced)
+    return {
+        "cost_usd": total if priced else None,
+        "costed_executions": executions,
+        "cost_per_execution": total / executions if executions else None,
+    }
+
+
 def _fingerprints(summary: dict[str, Any], key: str) -> list[str]:
     return sorted(summary.get("provenance", {}).get("fingerprints", {}).get(key, {}))
 
@@ -91,8 +107,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             {
                 "task": key[0],
                 "model": key[1],
-                "a": {**ra, "invalid": ca["invalid"], "error": ca["error"]},
-                "b": {**rb, "invalid": cb["invalid"], "error": cb["error"]},
+                "a": {**ra, "invalid": ca["invalid"], "error": ca["error"], **_cost([ca])},
+                "b": {**rb, "invalid": cb["invalid"], "error": cb["error"], **_cost([cb])},
                 **_diff(ra, rb),
             }
         )
@@ -103,10 +119,18 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             side: _rate(sum(c[side]["passed"] for c in mine), sum(c[side]["n"] for c in mine))
             for side in ("a", "b")
         }
+        # Cost only over the cells both sides priced: a cell priced on one side would compare
+        # different task mixes.
+        both = [(cells_a[(c["task"], model)], cells_b[(c["task"], model)]) for c in mine]
+        shared = [pair for pair in both if all(_cost([x])["cost_usd"] is not None for x in pair)]
+        for index, side in enumerate(("a", "b")):
+            known = _cost([pair[index] for pair in both])["cost_usd"] is not None
+            pooled[side].update(_cost([pair[index] for pair in shared]), cost_known=known)
         models.append(
             {
                 "model": model,
                 "tasks": [c["task"] for c in mine],
+                "cost_tasks": [a["task"] for a, _ in shared],
                 **pooled,
                 **_diff(pooled["a"], pooled["b"]),
             }

@@ -1,14 +1,17 @@
 """The HTML report: one self-contained file (inline CSS and SVG, nothing fetched from a network).
 
 It draws each (task, model) pass rate with its Wilson interval as a forest plot, then the tables:
-outcomes, results per cell and per model, pairwise comparisons, phase durations, bed health and
-provenance. Input is `apg_farm.results.analysis.analyse` output; every string is HTML-escaped.
+outcomes, results per cell and per model, cost per model and per cell with the cost-effectiveness
+plot (`cost_plot`), pairwise comparisons, phase durations, bed health and provenance. Input is
+`apg_farm.results.analysis.analyse` output; every string is HTML-escaped.
 """
 
 from __future__ import annotations
 
 from html import escape
 from typing import Any
+
+from apg_farm.results.cost_plot import cost_per_execution, cost_plot_svg, cost_points, usd
 
 #: One colour per model, in the sweep's model order (colour-blind-safe Okabe-Ito palette).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
@@ -139,6 +142,76 @@ def forest_plot(report: dict[str, Any]) -> str:
         f"{''.join(axis)}{''.join(lines)}"
         "</svg>"
     )
+
+
+_COST_HEADERS = [
+    "n",
+    "pass rate",
+    "total cost",
+    "priced executions",
+    "mean / execution",
+    "median / execution",
+    "cost per pass",
+    "95% CI",
+    "input tokens",
+    "output tokens",
+    "cache read",
+    "cache write",
+]
+
+
+def _cost_cells(row: dict[str, Any]) -> str:
+    """The cost columns of one cell or model row (— where nothing was priced)."""
+    low, high = row.get("cost_per_pass_low"), row.get("cost_per_pass_high")
+    interval = "—" if low is None else f"{usd(low)} – {usd(high) if high is not None else '∞'}"
+    tokens = row.get("tokens") or {}
+    return (
+        _cell(row["n"])
+        + _cell(_pct(row.get("pass_rate"), 1))
+        + _cell(usd(row.get("cost_usd")))
+        + _cell(row.get("costed_executions") or 0)
+        + _cell(usd(cost_per_execution(row)))
+        + _cell(usd(row.get("median_cost_usd")))
+        + _cell(usd(row.get("cost_per_pass")))
+        + _cell(interval)
+        + "".join(
+            _cell(f"{tokens[key]:,}" if key in tokens else "—")
+            for key in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+        )
+    )
+
+
+def cost_section(report: dict[str, Any]) -> str:
+    """Cost tables and the cost-effectiveness plot, or one line saying cost is unknown."""
+    models = report.get("models", [])
+    if not any(row.get("cost_usd") is not None for row in models):
+        return (
+            '<p class="muted" id="cost-unknown">Cost unknown: no execution of this sweep has a '
+            "cost record from its adapter (claude.json), so there is no cost table or "
+            "cost-effectiveness plot.</p>"
+        )
+    points = cost_points(models, PALETTE)
+    plotted = {p.label for p in points}
+    left_out = [m["model"] for m in models if m["model"] not in plotted]
+    missing = (
+        f'<p class="caption" id="cost-not-plotted">Not plotted (no priced execution or no counted '
+        f"attempt): {escape(', '.join(left_out))}.</p>"
+        if left_out
+        else ""
+    )
+    model_rows = [_cell(m["model"], left=True) + _cost_cells(m) for m in models]
+    cell_rows = [
+        _cell(c["task"], left=True) + _cell(c["model"], left=True) + _cost_cells(c)
+        for c in report["cells"]
+    ]
+    return f"""{cost_plot_svg(points) if points else ""}
+<p class="caption">Each model's pooled pass rate (bar: 95% Wilson interval) against its <b>mean cost
+per execution</b> (total cost ÷ priced executions, retries and errors included). Ringed models, joined
+by the dashed line, are the Pareto front: no other model costs at most as much and passes at least
+as often while being better at one of the two. Overlapping bars mean the order is not decisive.</p>
+{missing}
+{_table("cost-models-table", ["model", *_COST_HEADERS], model_rows)}
+{_table("cost-cells-table", ["task", "model", *_COST_HEADERS], cell_rows, left=2, caption="From the adapter's records (claude.json), read after each run: the total counts every execution, retries and errors included; cost per pass is the total over the passes, its interval the total over n × the pass rate's Wilson bounds (∞ while the lower bound is 0).")}"""
 
 
 def _counts(row: dict[str, Any]) -> str:
@@ -293,6 +366,9 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 
 <h2>Per model</h2>
 {_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"Pooled over tasks; pass@{k} and pass^{k} are means over tasks.")}
+
+<h2>Cost</h2>
+{cost_section(report)}
 
 <h2>Pairwise comparison</h2>
 {_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have a counted outcome for. The interval is Newcombe's for paired proportions; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}

@@ -4,16 +4,20 @@ The candidate fails when its evidence does not verify, when it is unfinished, wh
 INVALID or ERROR attempts than allowed, when a (task, model) of the baseline was not evaluated,
 when a model's pass rate (pooled over the tasks both ran) drops by more than the tolerance, when
 one (task, model) drops by more than the tolerance with a 95 % interval that excludes no change,
-or when an indispensable task newly fails. Changed fingerprints are warnings: comparing across
-revisions is often the point.
+or when an indispensable task newly fails; with a cost tolerance, also when a model's cost per
+execution rises by more than it (`cost_findings`, shared with `compare`). Changed fingerprints
+and unknown costs are warnings: comparing across revisions is often the point.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from apg_farm.errors import BadInput
 from apg_farm.results.comparison import Side, compare
+from apg_farm.results.cost_plot import usd
 
 #: Rates are compared with this slack so 0.05 means 5 points, not 5 points plus float noise.
 _EPS = 1e-9
@@ -31,6 +35,9 @@ class CheckPolicy:
     max_error: int = 0
     #: Count a model-level drop only when its 95 % interval excludes zero.
     significant_only: bool = False
+    #: Largest allowed rise of a model's cost per execution, as a fraction (0.2 = 20 %); None:
+    #: cost is not checked.
+    max_cost_increase: float | None = None
 
 
 @dataclass
@@ -52,6 +59,75 @@ def _pct(value: float | None) -> str:
 
 def _pts(value: float) -> str:
     return f"{value * 100:+.1f} pts"
+
+
+def parse_cost_increase(value: str | None) -> float | None:
+    """`--max-cost-increase`: a finite fraction >= 0 (0.2 = 20 %), or None when not given.
+
+    Taken as text so a bad value is our BadInput naming the flag, not a parser's usage error."""
+    if value is None:
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = math.nan
+    if not math.isfinite(fraction) or fraction < 0:
+        raise BadInput(
+            f"{value!r} is not a fraction of at least 0",
+            field="--max-cost-increase",
+            fix="give the allowed rise of the cost per execution as a fraction: 0.2 = 20 %",
+        )
+    return fraction
+
+
+@dataclass
+class CostFindings:
+    """The cost gate's lines, one per model compared."""
+
+    failures: list[str] = field(default_factory=list)
+    #: Models whose cost is unknown on a side: said, never failed.
+    unknown: list[str] = field(default_factory=list)
+    within: list[str] = field(default_factory=list)
+
+
+def cost_findings(
+    comparison: dict[str, Any], max_increase: float, names: tuple[str, str] = ("A", "B")
+) -> CostFindings:
+    """The cost gate over `compare` output, per model.
+
+    The figure is the cost per execution (total cost ÷ priced executions, retries and errors
+    included) pooled over the tasks both sides ran and priced. A model fails when the second
+    side's figure exceeds the first's × (1 + max_increase)."""
+    found = CostFindings()
+    for row in comparison["models"]:
+        a, b = row["a"], row["b"]
+        before, after = a.get("cost_per_execution"), b.get("cost_per_execution")
+        if before is None or after is None:
+            lacking = [n for n, s in zip(names, (a, b), strict=True) if not s.get("cost_known")]
+            where = (
+                f"unknown in {' and '.join(lacking)}"
+                if lacking
+                else "not known on both sides for any one task"
+            )
+            found.unknown.append(f"model {row['model']}: cost {where}; cost not checked")
+            continue
+        rise = (
+            f"{(after - before) / before:+.1%}"
+            if before > 0
+            else ("up from zero" if after > 0 else "+0.0%")
+        )
+        text = (
+            f"model {row['model']}: cost per execution {usd(before)} ({names[0]}, "
+            f"{a['costed_executions']} priced) -> {usd(after)} ({names[1]}, "
+            f"{b['costed_executions']} priced), {rise} over {len(row['cost_tasks'])} task(s), "
+            f"allowed +{max_increase:.1%}"
+        )
+        # Relative slack so that exactly the allowed rise passes despite float rounding.
+        if after > before * (1 + max_increase) * (1 + _EPS):
+            found.failures.append(text)
+        else:
+            found.within.append(text)
+    return found
 
 
 def _gate_holds(cell: dict[str, Any] | None, floor: float) -> bool:
@@ -148,6 +224,12 @@ def check_regression(
                 )
             else:
                 warn(f"indispensable task {task} already failed for {model} in the baseline")
+
+    if policy.max_cost_increase is not None:
+        cost = cost_findings(result, policy.max_cost_increase, ("the baseline", "the candidate"))
+        verdict.failures += cost.failures
+        # A model within the tolerance is not worth a line; an unknown cost is.
+        verdict.warnings += cost.unknown
 
     for change in result["provenance_changes"]:
         warn(f"provenance changed: {change}")

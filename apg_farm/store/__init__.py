@@ -49,6 +49,7 @@ from apg_farm.store.pacing import (
     running_counts,
     set_budget,
     set_sweep_budget,
+    stopped_by_budget,
     sweep_pauses,
     trip,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "running_counts",
     "set_budget",
     "set_sweep_budget",
+    "stopped_by_budget",
     "sweep_pauses",
     "trip",
     "utcnow",

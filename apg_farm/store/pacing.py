@@ -362,6 +362,22 @@ def pace_status(store: Store, session: Session, sweep: Sweep) -> dict[str, Any]:
     }
 
 
+def stopped_by_budget(store: Store, sweep_id: int) -> list[str]:
+    """The budgets that hold the sweep with nothing of it running: waiting longer would wait
+    for a person to raise one. Empty while it may still move on its own."""
+    with store.read() as session:
+        sweep = session.get_one(Sweep, sweep_id)
+        pauses = sweep_pauses(store, session, sweep)
+        if not pauses:
+            return []
+        running = session.scalar(
+            select(func.count())
+            .select_from(Attempt)
+            .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.RUNNING)
+        )
+    return [] if running else pauses
+
+
 __all__ = [
     "PROBE",
     "SCOPES",
@@ -381,6 +397,7 @@ __all__ = [
     "running_counts",
     "set_budget",
     "set_sweep_budget",
+    "stopped_by_budget",
     "sweep_pauses",
     "trip",
 ]
