@@ -12,6 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from apg_farm.store import Store, normalize_url
+from tests.celery_farm import celery_env
+from tests.services import RedisServer, Workers, redis_server
 
 PG_URL = os.environ.get("APG_FARM_TEST_DATABASE_URL")
 IN_CI = bool(os.environ.get("CI"))
@@ -90,3 +92,28 @@ def farm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("APG_FARM_DATABASE_URL", raising=False)
     monkeypatch.delenv("APG_FARM_BROKER_URL", raising=False)
     return home
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, stopped afterwards."""
+    with redis_server(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+def celery_farm(
+    pg_store: Store, redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Store, Workers]]:
+    """A PostgreSQL store, a broker, and a way to start workers; everything stopped afterwards."""
+    env = celery_env(pg_store, redis, tmp_path / "home")
+    for key in (
+        "APG_FARM_DATABASE_URL",
+        "APG_FARM_BROKER_URL",
+        "APG_FARM_LEASE_SECONDS",
+        "APG_FARM_HOME",
+    ):
+        monkeypatch.setenv(key, env[key])
+    workers = Workers(env, tmp_path)
+    yield pg_store, workers
+    workers.stop_all()

@@ -149,11 +149,13 @@ def _chromium() -> str:
     pytest.skip("chromium not installed (apt-get install chromium)")
 
 
-def test_html_report_renders_in_headless_chromium(base: dict[str, Any], tmp_path: Path) -> None:
-    """Chromium parses the report (SVG elements come back as DOM nodes) and paints a screenshot."""
+def render_in_chromium(html: str, tmp_path: Path) -> str:
+    """Open `html` in headless Chromium: the DOM it parsed, after checking it paints a screenshot.
+
+    Shared with the other HTML report tests (tests/test_cost_report.py imports it)."""
     browser = _chromium()
     page = tmp_path / "report.html"
-    page.write_text(render_html(base), encoding="utf-8")
+    page.write_text(html, encoding="utf-8")
     flags = [
         "--headless",
         "--no-sandbox",
@@ -171,12 +173,6 @@ def test_html_report_renders_in_headless_chromium(base: dict[str, Any], tmp_path
         timeout=120,
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
-    # The serialiser writes parsed SVG children with end tags: proof Chromium built the plot's DOM.
-    assert '<svg id="forest-plot"' in dom.stdout
-    assert dom.stdout.count("</circle>") == len(base["cells"])
-    assert "</line>" in dom.stdout
-    for table in ("cells-table", "comparisons-table", "phases-table", "beds-table"):
-        assert f'<table id="{table}">' in dom.stdout
     shot = tmp_path / "report.png"
     done = subprocess.run(
         [browser, *flags, "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
@@ -186,3 +182,15 @@ def test_html_report_renders_in_headless_chromium(base: dict[str, Any], tmp_path
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    return dom.stdout
+
+
+def test_html_report_renders_in_headless_chromium(base: dict[str, Any], tmp_path: Path) -> None:
+    """Chromium parses the report (SVG elements come back as DOM nodes) and paints a screenshot."""
+    dom = render_in_chromium(render_html(base), tmp_path)
+    # The serialiser writes parsed SVG children with end tags: proof Chromium built the plot's DOM.
+    assert '<svg id="forest-plot"' in dom
+    assert dom.count('<circle class="point"') == len(base["cells"])
+    assert "</line>" in dom
+    for table in ("cells-table", "comparisons-table", "phases-table", "beds-table"):
+        assert f'<table id="{table}">' in dom

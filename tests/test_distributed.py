@@ -2,80 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from apg_farm.settings import Settings
 from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store
 from fixtures import simbed
-from scheduler import pool_queue, publish_attempts, reconcile, submit
-from tests.services import RedisServer, Workers, redis_server, sweep_done
+from scheduler import pool_queue, publish_attempts, submit
+from tests.celery_farm import assert_counted_once_and_no_overlap, celery_app, wait_done
+from tests.services import RedisServer, Workers
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor, make_app
-
-LEASE = 3.0
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    with redis_server(tmp_path) as server:
-        yield server
-
-
-def _env(store: Store, redis: RedisServer, home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
-    env.update(
-        APG_FARM_HOME=str(home),
-        APG_FARM_DATABASE_URL=store.url,
-        APG_FARM_BROKER_URL=redis.url,
-        APG_FARM_LEASE_SECONDS=str(LEASE),
-    )
-    return env
-
-
-@pytest.fixture
-def farm(
-    pg_store: Store, redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Store, Workers]]:
-    """A PostgreSQL store, a broker, and a way to start workers; everything stopped afterwards."""
-    env = _env(pg_store, redis, tmp_path / "home")
-    for key in (
-        "APG_FARM_DATABASE_URL",
-        "APG_FARM_BROKER_URL",
-        "APG_FARM_LEASE_SECONDS",
-        "APG_FARM_HOME",
-    ):
-        monkeypatch.setenv(key, env[key])
-    workers = Workers(env, tmp_path)
-    yield pg_store, workers
-    workers.stop_all()
-
-
-def _app(redis: RedisServer):  # type: ignore[no-untyped-def]
-    return make_app(Settings(broker_url=redis.url, database_url="sqlite://"))
-
-
-def _wait_done(
-    store: Store, sweep_id: int, redis: RedisServer, workers: Workers, timeout: float = 120
-) -> None:
-    """Reconcile like `apg-farm scheduler` until every attempt is done."""
-    app = _app(redis)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sweep_done(store, sweep_id):
-            return
-        with contextlib.suppress(Exception):  # the broker may be restarting
-            reconcile(store, app, redis.url, unacked_grace=LEASE)
-        time.sleep(0.5)
-    pytest.fail(f"sweep not done in {timeout}s; worker logs:\n{workers.logs()}")
+from workers import EmbeddedExecutor
 
 
 def _counts(store: Store, sweep_id: int) -> Counter[tuple[str, str, str]]:
@@ -86,41 +26,19 @@ def _counts(store: Store, sweep_id: int) -> Counter[tuple[str, str, str]]:
         )
 
 
-def _assert_counted_once_and_no_overlap(store: Store, beds: list[Bed]) -> None:
-    with store.session() as session:
-        attempts = list(session.scalars(select(Attempt)))
-        executions = list(session.scalars(select(Execution)))
-    assert all(a.state == AttemptState.DONE and a.outcome for a in attempts)
-    for attempt in attempts:
-        finals = [
-            e for e in executions if e.attempt_id == attempt.id and e.result == attempt.outcome
-        ]
-        assert len(finals) == 1, f"attempt {attempt.id} recorded {len(finals)} times"
-    by_bed: dict[int, list[Execution]] = {}
-    for e in executions:
-        by_bed.setdefault(e.bed_id, []).append(e)
-    for runs in by_bed.values():
-        runs.sort(key=lambda e: e.started_at)
-        for a, b in itertools.pairwise(runs):
-            if a.result != "LOST":  # a killed worker's try has no end of its own
-                assert a.finished_at is not None and a.finished_at <= b.started_at
-    for bed in beds:
-        assert not any(line.get("overlap") for line in simbed.read_log(Path(bed.approot)))
-
-
 def test_distributed_equals_embedded(
-    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
 ) -> None:
     """80 attempts on 4 worker processes give the same outcomes per (task, model) as the embedded mode."""
-    store, workers = farm
+    store, workers = celery_farm
     beds = make_beds(store, tmp_path / "dist", 4)
     sweep = spec("equal", task_ids=simbed.DEFAULT_TASKS, models=2, trials=10)
     sweep_id = submit(store, sweep).sweep_id
     for bed in beds:
         workers.start(bed.name)
-    assert publish_attempts(store, _app(redis), range(1, 81)) == 80
-    _wait_done(store, sweep_id, redis, workers)
-    _assert_counted_once_and_no_overlap(store, beds)
+    assert publish_attempts(store, celery_app(redis), range(1, 81)) == 80
+    wait_done(store, sweep_id, redis, workers)
+    assert_counted_once_and_no_overlap(store, beds)
 
     embedded = Store(f"sqlite:///{tmp_path / 'embedded.db'}")
     make_beds(embedded, tmp_path / "emb", 4)
@@ -131,19 +49,19 @@ def test_distributed_equals_embedded(
 
 
 def test_sigkilled_worker_attempt_runs_again_once(
-    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
 ) -> None:
     """SIGKILL a worker mid-attempt: the attempt runs again on a verified, reset bed and counts once."""
-    store, workers = farm
+    store, workers = celery_farm
     beds = make_beds(store, tmp_path, 3, config={"time_scale": 60})
     sweep_id = submit(store, spec("kill", tasks=1, models=1, trials=3)).sweep_id
     for bed in beds:
         workers.start(bed.name)
-    publish_attempts(store, _app(redis), range(1, 4))
+    publish_attempts(store, celery_app(redis), range(1, 4))
     victim = _wait_for_run_phase(store, deadline=60)
     workers.kill(victim)
-    _wait_done(store, sweep_id, redis, workers)
-    _assert_counted_once_and_no_overlap(store, beds)
+    wait_done(store, sweep_id, redis, workers)
+    assert_counted_once_and_no_overlap(store, beds)
     with store.session() as session:
         lost = session.scalars(select(Execution).where(Execution.result == "LOST")).all()
         assert len(lost) == 1
@@ -185,15 +103,15 @@ def _wait_for_run_phase(store: Store, deadline: float) -> str:
 
 
 def test_redis_restart_loses_no_attempt(
-    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
 ) -> None:
     """Restarting redis-server mid-sweep (every message lost) still ends with every attempt done once."""
-    store, workers = farm
+    store, workers = celery_farm
     beds = make_beds(store, tmp_path, 3, config={"time_scale": 400})
     sweep_id = submit(store, spec("restart", tasks=2, models=2, trials=4)).sweep_id
     for bed in beds:
         workers.start(bed.name)
-    publish_attempts(store, _app(redis), range(1, 17))
+    publish_attempts(store, celery_app(redis), range(1, 17))
     end = time.monotonic() + 60
     while time.monotonic() < end:
         with store.session() as session:
@@ -204,20 +122,20 @@ def test_redis_restart_loses_no_attempt(
             break
         time.sleep(0.1)
     redis.restart()
-    _wait_done(store, sweep_id, redis, workers, timeout=180)
-    _assert_counted_once_and_no_overlap(store, beds)
+    wait_done(store, sweep_id, redis, workers, timeout=180)
+    assert_counted_once_and_no_overlap(store, beds)
     with store.session() as session:
         assert len(session.scalars(select(Attempt)).all()) == 16
 
 
 def test_duplicate_and_late_messages_do_nothing(
-    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
 ) -> None:
     """Every message sent three times: no bed runs two attempts at once, each counts once; a late one is a no-op."""
-    store, workers = farm
+    store, workers = celery_farm
     beds = make_beds(store, tmp_path, 2)
     sweep_id = submit(store, spec("dupes", tasks=2, models=2, trials=2)).sweep_id
-    app = _app(redis)
+    app = celery_app(redis)
     assert publish_attempts(store, app, range(1, 9)) == 8
     for attempt_id in range(1, 9):  # the same attempt twice more, as at-least-once delivery may
         for copy in ("dup-a", "dup-b"):
@@ -229,9 +147,9 @@ def test_duplicate_and_late_messages_do_nothing(
             )
     for bed in beds:
         workers.start(bed.name)
-    _wait_done(store, sweep_id, redis, workers)
+    wait_done(store, sweep_id, redis, workers)
     _wait_drained(redis, pool_queue(beds[0].pool))
-    _assert_counted_once_and_no_overlap(store, beds)
+    assert_counted_once_and_no_overlap(store, beds)
     with store.session() as session:
         before = len(session.scalars(select(Execution)).all())
         finished = session.scalars(select(Attempt)).first()
@@ -260,13 +178,13 @@ def _wait_drained(redis: RedisServer, queue: str, timeout: float = 30) -> None:
 
 
 def test_maintenance_goes_to_the_beds_own_worker(
-    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
 ) -> None:
     """`bed doctor --via-worker` reaches the bed's worker through `bed.<name>` and prints its verdict."""
     import subprocess
     import sys
 
-    store, workers = farm
+    store, workers = celery_farm
     make_beds(store, tmp_path, 2)
     workers.start("bed1")
     done = subprocess.run(

@@ -44,9 +44,9 @@ from scheduler import (
     sweep_status,
     worker_beats,
 )
+from tests.celery_farm import celery_app
 from tests.services import RedisServer, Workers, sweep_done
 from tests.simbeds import make_beds, spec
-from tests.test_distributed import _app, farm, redis  # noqa: F401 - fixtures
 from workers import heartbeat as heartbeat_module
 from workers import tasks
 from workers.heartbeat import Heartbeat, worker_name
@@ -211,11 +211,11 @@ def _live(store: Store, pool: str) -> bool:
 
 
 def test_live_worker_then_killed_worker_makes_wait_give_up(
-    farm: tuple[Store, Workers],  # noqa: F811
+    celery_farm: tuple[Store, Workers],
     tmp_path: Path,
 ) -> None:
     """A pool with a worker is live and `--wait` finishes; once it is SIGKILLed, `--wait` exits 1."""
-    store, workers = farm
+    store, workers = celery_farm
     (bed,) = make_beds(store, tmp_path, 1)
     workers.start(bed.name)
     _until(lambda: _live(store, bed.pool), 120, "a live worker", workers.logs())
@@ -261,11 +261,11 @@ def test_live_worker_then_killed_worker_makes_wait_give_up(
 
 
 def test_a_pool_that_never_had_a_worker_makes_wait_give_up(
-    farm: tuple[Store, Workers],  # noqa: F811
+    celery_farm: tuple[Store, Workers],
     tmp_path: Path,
 ) -> None:
     """No worker ever started for the pool: `--wait` says so after the grace and exits 1."""
-    store, workers = farm
+    store, workers = celery_farm
     (bed,) = make_beds(store, tmp_path, 1)
     listed = _cli(workers.env, "bed", "list")
     assert "none" in listed.stdout and f"pool {bed.pool} has no live worker" in listed.stderr
@@ -288,11 +288,11 @@ def test_a_pool_that_never_had_a_worker_makes_wait_give_up(
 
 
 def test_a_clean_stop_removes_the_beat(
-    farm: tuple[Store, Workers],  # noqa: F811
+    celery_farm: tuple[Store, Workers],
     tmp_path: Path,
 ) -> None:
     """SIGTERM to the worker's main process only (as `docker stop` sends it): its row goes."""
-    store, workers = farm
+    store, workers = celery_farm
     (bed,) = make_beds(store, tmp_path, 1)
     workers.start(bed.name)
     _until(lambda: _live(store, bed.pool), 120, "a live worker", workers.logs())
@@ -323,17 +323,17 @@ def _pg_sockets(pid: int) -> int:
 
 
 def test_a_worker_holds_at_most_two_database_connections(
-    farm: tuple[Store, Workers],  # noqa: F811
-    redis: RedisServer,  # noqa: F811
+    celery_farm: tuple[Store, Workers],
+    redis: RedisServer,
     tmp_path: Path,
 ) -> None:
     """While attempts run (engine, lease renewal and heartbeat at once), a worker uses <= 2."""
-    store, workers = farm
+    store, workers = celery_farm
     (bed,) = make_beds(store, tmp_path, 1, config={"time_scale": 200})
     workers.start(bed.name)
     _until(lambda: _live(store, bed.pool), 120, "a live worker", workers.logs())
     sweep_id = submit(store, spec("budget", tasks=2, models=2, trials=1)).sweep_id
-    assert publish_attempts(store, _app(redis), range(1, 5)) == 4
+    assert publish_attempts(store, celery_app(redis), range(1, 5)) == 4
     most = 0
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -391,26 +391,26 @@ def _events(store: Store, bed: Bed, kind: str) -> list[str]:
 
 
 @pytest.fixture
-def broker(redis: RedisServer) -> Iterator[redis_client.Redis]:  # noqa: F811
+def broker(redis: RedisServer) -> Iterator[redis_client.Redis]:
     client = redis_client.Redis.from_url(redis.url)
     yield client
     client.close()
 
 
 def test_stale_maintenance_is_dropped_and_fresh_maintenance_runs(
-    farm: tuple[Store, Workers],  # noqa: F811
-    redis: RedisServer,  # noqa: F811
+    celery_farm: tuple[Store, Workers],
+    redis: RedisServer,
     broker: redis_client.Redis,
     tmp_path: Path,
 ) -> None:
     """A doctor sent long ago, and one whose sender gave up, never run; a fresh one does."""
-    store, workers = farm
+    store, workers = celery_farm
     (bed,) = make_beds(store, tmp_path, 1)
     with store.read() as session:
         long_ago = store_now(session, store) - timedelta(hours=2)
     # Sent two hours ago by a sender whose message carried no broker expiry (or whose clock
     # disagreed with the worker's): the task's own check, on the store's clock, drops it.
-    _app(redis).send_task(
+    celery_app(redis).send_task(
         BED_MAINTENANCE,
         args=(bed.name, "doctor"),
         kwargs={"sent_at": long_ago.isoformat(), "expires_in": 600},

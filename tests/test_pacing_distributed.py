@@ -16,16 +16,9 @@ from sqlalchemy import func, select
 from apg_farm.store import Attempt, AttemptState, Execution, Store, set_sweep_budget
 from fixtures import simbed
 from scheduler import publish_attempts, reconcile, submit, sweep_status
+from tests.celery_farm import LEASE, assert_counted_once_and_no_overlap, celery_app, wait_done
 from tests.services import RedisServer, Workers
 from tests.simbeds import make_beds, spec
-from tests.test_distributed import (  # noqa: F401 - fixtures
-    LEASE,
-    _app,
-    _assert_counted_once_and_no_overlap,
-    _wait_done,
-    farm,
-    redis,
-)
 from tests.test_pacing import _max_overlap
 
 M0 = simbed.DEFAULT_MODELS[0]
@@ -33,7 +26,7 @@ M0 = simbed.DEFAULT_MODELS[0]
 
 def _wait_paused(store: Store, sweep_id: int, redis: RedisServer, timeout: float = 120) -> None:
     """Reconcile until the sweep is paused by its budget with nothing running."""
-    app = _app(redis)
+    app = celery_app(redis)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = sweep_status(store, sweep_id)
@@ -46,15 +39,15 @@ def _wait_paused(store: Store, sweep_id: int, redis: RedisServer, timeout: float
 
 
 def test_celery_workers_racing_keep_the_budget_and_max_concurrent(
-    farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
 ) -> None:
-    store, workers = farm
+    store, workers = celery_farm
     beds = make_beds(store, tmp_path, 4)
     calibrate = submit(store, spec("calibrate", tasks=1, trials=1)).sweep_id
     for bed in beds:
         workers.start(bed.name)
-    publish_attempts(store, _app(redis), _queued(store, calibrate))
-    _wait_done(store, calibrate, redis, workers)
+    publish_attempts(store, celery_app(redis), _queued(store, calibrate))
+    wait_done(store, calibrate, redis, workers)
     with store.read() as session:
         mean = (
             session.scalar(
@@ -68,7 +61,7 @@ def test_celery_workers_racing_keep_the_budget_and_max_concurrent(
     sweep_id = submit(
         store, spec("paced", tasks=2, trials=8, budget_usd=budget, max_concurrent={M0: 2})
     ).sweep_id
-    publish_attempts(store, _app(redis), _queued(store, sweep_id))
+    publish_attempts(store, celery_app(redis), _queued(store, sweep_id))
     _wait_paused(store, sweep_id, redis)
 
     with store.read() as session:
@@ -101,8 +94,8 @@ def test_celery_workers_racing_keep_the_budget_and_max_concurrent(
     assert "paused: budget: sweep spent" in waited.stderr
 
     set_sweep_budget(store, sweep_id, None)
-    _wait_done(store, sweep_id, redis, workers, timeout=180)
-    _assert_counted_once_and_no_overlap(store, beds)
+    wait_done(store, sweep_id, redis, workers, timeout=180)
+    assert_counted_once_and_no_overlap(store, beds)
     with store.read() as session:
         m0 = [
             (started, finished)

@@ -31,9 +31,9 @@ from sqlalchemy import select
 from apg_farm.settings import Settings
 from apg_farm.store import Attempt, Bed, BedState, Execution, Phase, Store
 from scheduler import pool_queue, publish_attempts, reconcile, submit
+from tests.celery_farm import LEASE, assert_counted_once_and_no_overlap, celery_env
 from tests.services import RedisServer, Workers, sweep_done
 from tests.simbeds import make_beds, spec
-from tests.test_distributed import LEASE, _assert_counted_once_and_no_overlap, _env
 from workers import make_app
 
 pytestmark = pytest.mark.slow
@@ -100,7 +100,7 @@ def blip_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlipR
 def blip_farm(
     pg_store: Store, blip_redis: BlipRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Store, Workers]]:
-    env = _env(pg_store, blip_redis, tmp_path / "home")
+    env = celery_env(pg_store, blip_redis, tmp_path / "home")
     for key in ("APG_FARM_DATABASE_URL", "APG_FARM_BROKER_URL", "APG_FARM_HOME"):
         monkeypatch.setenv(key, env[key])
     workers = Workers(env, tmp_path)
@@ -170,7 +170,7 @@ def _drained(server: BlipRedis, queue: str, timeout: float = 60) -> None:
 
 
 def test_a_redis_blip_costs_nothing(
-    blip_farm: tuple[Store, Workers], blip_redis: BlipRedis, tmp_path: Path
+    blip_celery_farm: tuple[Store, Workers], blip_redis: BlipRedis, tmp_path: Path
 ) -> None:
     """Three 4 s outages, each while every bed runs an agent: all finish once, no bed quarantined."""
     store, workers = blip_farm
@@ -196,7 +196,7 @@ def test_a_redis_blip_costs_nothing(
             blip_redis.blip(OUTAGE)
         _until_done(store, workers, sweep_id, timeout=180)
 
-    _assert_counted_once_and_no_overlap(store, beds)
+    assert_counted_once_and_no_overlap(store, beds)
     with store.read() as session:
         attempts = session.scalars(select(Attempt)).all()
         executions = session.scalars(select(Execution)).all()
