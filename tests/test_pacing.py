@@ -196,10 +196,13 @@ def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_provider_outage_pauses_only_its_model_and_counts_against_nobody(
-    store: Store, tmp_path: Path, quick_backoff: None
+    store: Store, tmp_path: Path, quick_backoff: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Long enough to outlast the first runs on a loaded machine; probes at most 1 s apart, so
+    # the outage's failures (about ten) stay under PROVIDER_RETRIES for each of the six attempts.
+    monkeypatch.setenv("APG_FARM_PROVIDER_BACKOFF_MAX", "1.0")
     beds = make_beds(store, tmp_path, 3)
-    until = _outage([Path(b.approot) for b in beds], [M0], 1.5)
+    until = _outage([Path(b.approot) for b in beds], [M0], 3.0)
     sweep_id = submit(store, spec(tasks=2, trials=3)).sweep_id
     result = EmbeddedExecutor(store, sweep_id).run()
     assert result.errors == [] and result.stranded == 0
@@ -235,11 +238,12 @@ def test_an_outage_on_one_bed_never_quarantines_it(
 ) -> None:
     """Every failure lands on the one bed, well over the three-in-a-row quarantine."""
     (bed,) = make_beds(store, tmp_path, 1)
-    _outage([Path(bed.approot)], [M0], 3.0)
+    # The provider fails the bed's next five runs.
+    simbed.write_faults(Path(bed.approot), {"provider_error": {"times": 5}})
     sweep_id = submit(store, spec(tasks=2, models=1, trials=3)).sweep_id
     assert EmbeddedExecutor(store, sweep_id).run().stranded == 0
     troubled = [e for _, e in _executions(store, sweep_id) if e.provider_trouble]
-    assert len(troubled) > 3
+    assert len(troubled) == 5
     with store.read() as session:
         row = session.get_one(Bed, bed.id)
         outcomes = set(session.scalars(select(Attempt.outcome).where(Attempt.sweep_id == sweep_id)))
@@ -297,3 +301,41 @@ def test_status_names_a_paused_model_and_the_daily_spend(store: Store, tmp_path:
     assert paused["model"] == M0 and paused["trouble"] == "rate_limited"
     assert paused["trips"] == 1 and paused["waiting_for"] == "back-off"
     assert any("farm daily" in reason for reason in status["paused"])
+
+
+def test_a_failed_probe_doubles_the_pause_and_a_burst_counts_once(store: Store) -> None:
+    from apg_farm.store import close, db_time, trip
+
+    def gate() -> ModelGate:
+        with store.read() as session:
+            return session.get_one(ModelGate, M0)
+
+    with store.session() as session:
+        trip(store, session, M0, trouble="overloaded", detail="529", base=100, ceiling=1000)
+    with store.session() as session:
+        # Another attempt that was already running fails too: the same trip.
+        trip(store, session, M0, trouble="overloaded", detail="529", base=100, ceiling=1000)
+    first = gate()
+    assert first.trips == 1 and first.paused_until is not None
+    with store.session() as session:
+        started = db_time(store, session)
+        trip(
+            store,
+            session,
+            M0,
+            trouble="overloaded",
+            detail="529",
+            base=100,
+            ceiling=1000,
+            probe=True,
+        )
+    second = gate()
+    assert second.trips == 2 and second.paused_until is not None
+    assert second.paused_until > first.paused_until
+    with store.session() as session:
+        # An execution that started before the breaker last opened says nothing about the outage.
+        close(store, session, M0, started.replace(year=2000))
+    assert gate().trips == 2
+    with store.session() as session:
+        close(store, session, M0, db_time(store, session))
+    assert gate().trips == 0 and gate().paused_until is None

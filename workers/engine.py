@@ -370,6 +370,7 @@ class AttemptEngine:
                 detail=verdict.reason,
                 base=self.backoff[0],
                 ceiling=self.backoff[1],
+                probe=claim.probe,
             )
         elif claim.probe and verdict.action == "final":
             close(self.store, session, claim.model, execution.started_at)

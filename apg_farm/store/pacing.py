@@ -234,13 +234,15 @@ def trip(
     detail: str,
     base: float,
     ceiling: float,
+    probe: bool = False,
 ) -> datetime:
-    """Provider trouble on `model`: open its breaker (again, for longer) unless it is already
-    open, so a burst of attempts failing together counts as one trip. Returns the pause's end."""
+    """Provider trouble on `model`: open its breaker, for twice as long as the last time when
+    this was its probe. Attempts that were already running when it opened add no trip, so a
+    burst failing together counts once. Returns the pause's end."""
     ensure_gates(store, session, [model])
     gate = session.scalars(_gate_query(store, model)).one()
     now = db_time(store, session)
-    if gate.paused_until is None or gate.paused_until <= now or gate.trips == 0:
+    if probe or gate.trips == 0 or gate.paused_until is None or gate.paused_until <= now:
         gate.trips += 1
         gate.opened_at = now
         gate.paused_until = now + timedelta(seconds=backoff(gate.trips, base, ceiling))
