@@ -207,7 +207,9 @@ def compare_cmd(
     a: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
     b: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
     fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
-    max_cost_increase: Annotated[str | None, typer.Option(help=COST_HELP)] = None,
+    max_cost_increase: Annotated[
+        str | None, typer.Option(help=COST_HELP, metavar="FRACTION")
+    ] = None,
 ) -> None:
     """Compare two sweeps (or a sweep and a baseline): pass rates, B − A with 95 % intervals; with --max-cost-increase, exit 1 when a model's cost per execution rose by more."""
     if fmt not in ("table", "json"):
@@ -335,7 +337,9 @@ def check_cmd(
         typer.Option("--indispensable", help="More indispensable tasks: TASK or TASK=MIN_RATE."),
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="text or json")] = "text",
-    max_cost_increase: Annotated[str | None, typer.Option(help=COST_HELP)] = None,
+    max_cost_increase: Annotated[
+        str | None, typer.Option(help=COST_HELP, metavar="FRACTION")
+    ] = None,
 ) -> None:
     """Regression gate: exit 0 if the candidate holds up, 1 on a regression (pass rate, or cost with --max-cost-increase), a new indispensable failure or evidence that does not verify, 2 on bad input."""
     if fmt not in ("text", "json"):

@@ -77,11 +77,14 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"diff": diff.estimate, "diff_low": diff.low, "diff_high": diff.high}
 
 
-def _cost(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Total cost, priced executions and their ratio over cells (None when nothing was priced).
+def _priced(cell: dict[str, Any]) -> bool:
+    # A baseline promoted before costs were recorded has no cost keys: unknown, not zero.
+    return cell.get("cost_usd") is not None and bool(cell.get("costed_executions"))
 
-    A baseline promoted before costs were recorded has no cost keys: unknown, not zero."""
-    priced = [c for c in cells if c.get("cost_usd") is not None and c.get("costed_executions")]
+
+def _cost(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Total cost, priced executions and their ratio over cells (None when nothing was priced)."""
+    priced = [c for c in cells if _priced(c)]
     total = sum(float(c["cost_usd"]) for c in priced)
     executions = sum(int(c["costed_executions"]) for c in priced)
     return {
@@ -122,15 +125,15 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         # Cost only over the cells both sides priced: a cell priced on one side would compare
         # different task mixes.
         both = [(cells_a[(c["task"], model)], cells_b[(c["task"], model)]) for c in mine]
-        shared = [pair for pair in both if all(_cost([x])["cost_usd"] is not None for x in pair)]
+        shared = [pair for pair in both if _priced(pair[0]) and _priced(pair[1])]
         for index, side in enumerate(("a", "b")):
-            known = _cost([pair[index] for pair in both])["cost_usd"] is not None
+            known = any(_priced(pair[index]) for pair in both)
             pooled[side].update(_cost([pair[index] for pair in shared]), cost_known=known)
         models.append(
             {
                 "model": model,
                 "tasks": [c["task"] for c in mine],
-                "cost_tasks": [a["task"] for a, _ in shared],
+                "cost_tasks": [first["task"] for first, _ in shared],
                 **pooled,
                 **_diff(pooled["a"], pooled["b"]),
             }

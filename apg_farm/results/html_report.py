@@ -147,17 +147,19 @@ def forest_plot(report: dict[str, Any]) -> str:
 _COST_HEADERS = [
     "n",
     "pass rate",
-    "total cost",
-    "priced executions",
-    "mean / execution",
-    "median / execution",
-    "cost per pass",
+    "total",
+    "priced execs",
+    "mean/exec",
+    "median/exec",
+    "per pass",
     "95% CI",
-    "input tokens",
-    "output tokens",
-    "cache read",
-    "cache write",
+    "tokens in / out",
+    "cache read / write",
 ]
+
+
+def _tokens(tokens: dict[str, int], first: str, second: str) -> str:
+    return f"{tokens[first]:,} / {tokens[second]:,}" if tokens else "—"
 
 
 def _cost_cells(row: dict[str, Any]) -> str:
@@ -174,10 +176,8 @@ def _cost_cells(row: dict[str, Any]) -> str:
         + _cell(usd(row.get("median_cost_usd")))
         + _cell(usd(row.get("cost_per_pass")))
         + _cell(interval)
-        + "".join(
-            _cell(f"{tokens[key]:,}" if key in tokens else "—")
-            for key in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
-        )
+        + _cell(_tokens(tokens, "input_tokens", "output_tokens"))
+        + _cell(_tokens(tokens, "cache_read_tokens", "cache_write_tokens"))
     )
 
 
@@ -211,7 +211,7 @@ by the dashed line, are the Pareto front: no other model costs at most as much a
 as often while being better at one of the two. Overlapping bars mean the order is not decisive.</p>
 {missing}
 {_table("cost-models-table", ["model", *_COST_HEADERS], model_rows)}
-{_table("cost-cells-table", ["task", "model", *_COST_HEADERS], cell_rows, left=2, caption="From the adapter's records (claude.json), read after each run: the total counts every execution, retries and errors included; cost per pass is the total over the passes, its interval the total over n × the pass rate's Wilson bounds (∞ while the lower bound is 0).")}"""
+{_table("cost-cells-table", ["task", "model", *_COST_HEADERS], cell_rows, left=2, caption="From the adapter's records (claude.json), read after each run. total: every execution, retries and errors included; priced execs: executions with a cost record; mean/exec = total ÷ priced execs (the plot's x); per pass: total ÷ passes, its interval the total over n × the pass rate's Wilson bounds (∞ while the lower bound is 0).")}"""
 
 
 def _counts(row: dict[str, Any]) -> str:
