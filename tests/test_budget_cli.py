@@ -12,21 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from apg_farm.cli import main
 from apg_farm.store import Store
+from tests.cli_runner import run_main
 from tests.simbeds import make_beds, spec
 
 
 def _cli(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str, code: int = 0
 ) -> tuple[str, str]:
-    monkeypatch.setattr(sys, "argv", ["apg-farm", *args])
-    with pytest.raises(SystemExit) as done:
-        main()
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.err, captured.err
-    assert done.value.code == code, f"rc={done.value.code}\n{captured.out}\n{captured.err}"
-    return captured.out, captured.err
+    return run_main(monkeypatch, capsys, *args, code=code)
 
 
 def test_budget_set_show_clear(

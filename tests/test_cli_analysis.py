@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from apg_farm.cli import main
 from apg_farm.results import find_sweep
 from apg_farm.store import Attempt, Execution
 from tests.analysis_farm import WEAK_MODEL, Farm, shared_farm
+from tests.cli_runner import run_main
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +40,7 @@ def cli(farm: Farm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixtu
     monkeypatch.setenv("APG_FARM_HOME", str(farm.home))
 
     def run(*args: str, code: int = 0) -> tuple[str, str]:
-        monkeypatch.setattr(sys, "argv", ["apg-farm", *args])
-        with pytest.raises(SystemExit) as done:
-            main()
-        captured = capsys.readouterr()
-        assert "Traceback" not in captured.err, captured.err
-        assert done.value.code == code, f"rc={done.value.code}\n{captured.out}\n{captured.err}"
-        return captured.out, captured.err
+        return run_main(monkeypatch, capsys, *args, code=code)
 
     return run
 

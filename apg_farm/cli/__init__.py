@@ -3,7 +3,18 @@ imports scheduler/ and workers/."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from apg_farm.cli.app import app, main
-from apg_farm.cli.demo import simulated_bed
 
 __all__ = ["app", "main", "simulated_bed"]
+
+
+def __getattr__(name: str) -> Any:
+    # The demo's bed maker pulls in the store and the beds: imported when asked for, not by
+    # every `apg-farm` call.
+    if name == "simulated_bed":
+        from apg_farm.cli.demo import simulated_bed
+
+        return simulated_bed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,42 +7,19 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.distributed import sweep_without_worker
 from apg_farm.errors import BadInput
-from apg_farm.results import (
-    CheckPolicy,
-    Side,
-    analyse,
-    build_baseline,
-    check_regression,
-    compare,
-    cost_findings,
-    export_eee,
-    find_sweep,
-    load_baseline,
-    load_side,
-    parse_cost_increase,
-    parse_indispensable,
-    render_html,
-    render_watch,
-    report_csv,
-    seal,
-    seal_directory,
-    usd,
-    verify_seal,
-    watch_snapshot,
-    write_baseline,
-)
-from apg_farm.store import Store
-from scheduler import sweep_status
+
+if TYPE_CHECKING:
+    from apg_farm.results import Side
+    from apg_farm.store import Store
 
 #: Report formats `apg-farm report --format` accepts.
 FORMATS = ("table", "json", "csv", "html")
@@ -102,6 +79,8 @@ def comparisons_table(report: dict[str, Any]) -> Table:
 
 def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None) -> None:
     """`apg-farm report`: the sweep's results in one of FORMATS."""
+    from apg_farm.results import analyse, find_sweep, render_html, report_csv
+
     if fmt not in FORMATS:
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix=f"use {', '.join(FORMATS)}")
     if k is not None and k < 1:
@@ -126,6 +105,11 @@ def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None)
 
 def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: float) -> None:
     """`apg-farm sweep status`: once, or redrawn every `interval` seconds until the sweep is done."""
+    from rich.live import Live
+
+    from apg_farm.results import find_sweep, render_watch, watch_snapshot
+    from scheduler import sweep_status
+
     store = open_store()
     sweep_id = find_sweep(store, sweep_ref).id
     if as_json:
@@ -155,6 +139,8 @@ def _warn_without_worker(store: Store, sweep_id: int) -> None:
 
 def cost_table(report: dict[str, Any]) -> Table:
     """Per model: what it cost, per attempt and per pass (with the pass rate's interval)."""
+    from apg_farm.results import usd
+
     table = Table(title="cost per model (from the adapter's records; retries included)")
     table.add_column("model", no_wrap=True)
     for name in ("total", "median/exec", "per pass", "95% CI", "tokens in/out"):
@@ -212,6 +198,8 @@ def compare_cmd(
     ] = None,
 ) -> None:
     """Compare two sweeps (or a sweep and a baseline): pass rates, B − A with 95 % intervals; with --max-cost-increase, exit 1 when a model's cost per execution rose by more."""
+    from apg_farm.results import compare, cost_findings, load_side, parse_cost_increase
+
     if fmt not in ("table", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use table or json")
     allowed = parse_cost_increase(max_cost_increase)
@@ -276,6 +264,14 @@ def baseline_promote(
     replace: Annotated[bool, typer.Option(help="Overwrite an existing baseline.")] = False,
 ) -> None:
     """Write a compact, git-friendly baseline: metrics, counts, provenance; no raw outputs."""
+    from apg_farm.results import (
+        analyse,
+        build_baseline,
+        find_sweep,
+        parse_indispensable,
+        write_baseline,
+    )
+
     gates = parse_indispensable(indispensable or [])
     store = open_store()
     target = find_sweep(store, sweep)
@@ -299,6 +295,8 @@ def baseline_list(
     ),
 ) -> None:
     """The baselines in a folder, with their sweep, size and whether they verify."""
+    from apg_farm.results import load_baseline
+
     table = Table(title=f"baselines in {directory}")
     for column in ("name", "sweep", "promoted", "cells", "indispensable", "verifies"):
         table.add_column(column)
@@ -342,6 +340,14 @@ def check_cmd(
     ] = None,
 ) -> None:
     """Regression gate: exit 0 if the candidate holds up, 1 on a regression (pass rate, or cost with --max-cost-increase), a new indispensable failure or evidence that does not verify, 2 on bad input."""
+    from apg_farm.results import (
+        CheckPolicy,
+        check_regression,
+        load_side,
+        parse_cost_increase,
+        parse_indispensable,
+    )
+
     if fmt not in ("text", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
     allowed = parse_cost_increase(max_cost_increase)
@@ -392,6 +398,8 @@ def seal_cmd(
     replace: Annotated[bool, typer.Option(help="Reseal a sealed sweep deliberately.")] = False,
 ) -> None:
     """Seal a finished sweep: a manifest with the sha256 of every stored artifact; no new executions."""
+    from apg_farm.results import find_sweep, seal, seal_directory
+
     store = open_store()
     target = find_sweep(store, sweep)
     sealed = seal(store, target.id, directory=directory or seal_directory(), replace=replace)
@@ -411,6 +419,8 @@ def verify_cmd(
     ] = None,
 ) -> None:
     """Check a sealed sweep against its manifest; exit 1 naming anything missing, changed or added."""
+    from apg_farm.results import find_sweep, verify_seal
+
     store = open_store()
     target = find_sweep(store, sweep)
     result = verify_seal(store, target, manifest=manifest)
@@ -433,6 +443,8 @@ def export_cmd(
     eee: Annotated[Path, typer.Option("--eee", help="Folder for the every_eval_ever files.")],
 ) -> None:
     """Export every graded envelope verbatim and one aggregate envelope per (task, model)."""
+    from apg_farm.results import export_eee, find_sweep
+
     store = open_store()
     target = find_sweep(store, sweep)
     result = export_eee(store, target, eee)

@@ -4,39 +4,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
 from rich.table import Table
 
-from apg_farm.beds import (
-    NewBed,
-    add_bed,
-    get_bed,
-    list_beds,
-    record_escrow_set,
-    release_bed,
-    set_docker_host,
-)
 from apg_farm.cli import analysis as analysis_cli
 from apg_farm.cli import budget, distributed, remote
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
-from apg_farm.results import find_sweep, refuse_if_sealed, sweep_report
-from apg_farm.specs import load_sweep
-from apg_farm.store import BedState, Store
-from scheduler import (
-    Submission,
-    cancel_sweep,
-    estimate_sweep,
-    parse_retry_outcomes,
-    pool_queue,
-    retry_attempts,
-    submit,
-)
-from workers import make_app
+
+if TYPE_CHECKING:
+    from apg_farm.store import Store
+    from scheduler import Submission
 
 app = typer.Typer(
     name="apg-farm",
@@ -126,6 +108,8 @@ def bed_add(
 
     A bed takes attempts once its escrow set is recorded (--escrow-set, or `apg-farm bed escrow`),
     or when enrolled with --untrusted-verifier."""
+    from apg_farm.beds import NewBed, add_bed, record_escrow_set, set_docker_host
+
     if ssh is not None:
         remote.add_ssh_bed(
             name=name,
@@ -185,6 +169,9 @@ def bed_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List beds, their pool and state (and, with a broker, whether each has a live worker)."""
+    from apg_farm.beds import list_beds
+    from apg_farm.store import BedState
+
     store = open_store()
     beds = list_beds(store)
     # Only the distributed mode has workers to look for.
@@ -251,6 +238,8 @@ def bed_doctor_cmd(
     ] = False,
 ) -> None:
     """Run `ddev ai-eval-doctor` on the bed and show its verdict."""
+    from apg_farm.beds import get_bed
+
     store = open_store()
     if via_worker:
         event = distributed.maintenance_via_worker(store, get_bed(store, name), "doctor")
@@ -267,6 +256,10 @@ def bed_doctor_cmd(
 @bed_app.command("release")
 def bed_release(name: str) -> None:
     """Return a quarantined bed to its pool once a human has looked at it."""
+    from apg_farm.beds import release_bed
+    from scheduler import pool_queue
+    from workers import make_app
+
     row = release_bed(open_store(), name)
     out.print(f"bed {row.name} is active again")
     worker = (row.meta or {}).get("worker")
@@ -293,6 +286,9 @@ def sweep_submit(
     """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds.
 
     --dry-run stores and sends nothing: it estimates cost and time from earlier executions."""
+    from apg_farm.specs import load_sweep
+    from scheduler import estimate_sweep
+
     if dry_run and wait:
         raise BadInput(
             "--dry-run and --wait cannot go together: a dry run sends nothing to wait for",
@@ -336,6 +332,9 @@ def sweep_retry(
     ] = "error,invalid",
 ) -> None:
     """Run again the attempts that ended ERROR or INVALID, as new executions (history is kept)."""
+    from apg_farm.results import find_sweep, refuse_if_sealed
+    from scheduler import parse_retry_outcomes, retry_attempts
+
     outcomes = parse_retry_outcomes(only)
     store = open_store()
     target = find_sweep(store, sweep)
@@ -364,6 +363,9 @@ def sweep_status_cmd(
 @sweep_app.command("cancel")
 def sweep_cancel(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]) -> None:
     """Cancel queued attempts now and running ones at their next phase boundary."""
+    from apg_farm.results import find_sweep
+    from scheduler import cancel_sweep
+
     store = open_store()
     cancelled = cancel_sweep(store, find_sweep(store, sweep).id)
     out.print(f"cancelled {cancelled} queued attempts; running ones stop at their next phase")
@@ -423,12 +425,17 @@ def demo_cmd(
 @sweep_app.command("resume")
 def sweep_resume(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]) -> None:
     """Run what is left of a sweep (after an interruption, a retry or a bed release)."""
+    from apg_farm.results import find_sweep
+
     store = open_store()
     _run_to_the_end(store, find_sweep(store, sweep).id)
 
 
 def _submit_file(store: Store, file: Path) -> Submission:
     """Load, check against the broker's limits when there is one, submit, and say what happened."""
+    from apg_farm.specs import load_sweep
+    from scheduler import submit
+
     spec = load_sweep(file)
     if distributed.broker_configured():
         distributed.check_limits(spec)
@@ -439,6 +446,8 @@ def _submit_file(store: Store, file: Path) -> Submission:
 
 def _run_to_the_end(store: Store, sweep_id: int) -> None:
     """Run what is left (on the workers when a broker is set, else here), then print the results."""
+    from apg_farm.results import find_sweep, sweep_report
+
     if distributed.broker_configured():
         out.print(distributed.dispatch(store))
         ok = distributed.wait_for_sweep(store, sweep_id)

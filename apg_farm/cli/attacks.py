@@ -12,21 +12,20 @@ import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy import select
 
 from apg_farm.cli.common import err, out
 from apg_farm.cli.demo import simulated_bed
 from apg_farm.contract import Outcome
-from apg_farm.settings import load_settings
-from apg_farm.specs import SweepSpec, Timeouts
-from apg_farm.store import Attempt, Bed, BedEvent, BedState, Execution, Store
+from apg_farm.store import BedState
 from fixtures import simbed
-from scheduler import cancel_sweep, submit
-from workers import EmbeddedExecutor
+
+if TYPE_CHECKING:
+    from apg_farm.specs import SweepSpec
+    from apg_farm.store import Bed, Store
 
 #: The attacked model fails every task when honest, so any PASSED is the attack's doing.
 MODEL = simbed.DEFAULT_MODELS[0]
@@ -205,6 +204,8 @@ class Recorded:
 
 
 def _spec(attack: Attack) -> SweepSpec:
+    from apg_farm.specs import SweepSpec, Timeouts
+
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
     return SweepSpec(
         name=f"attack-{attack.key}-{stamp}".replace("_", "-"),
@@ -229,6 +230,10 @@ def _fresh_bed(
 ) -> Bed:
     """A bed of its own, in a pool of its own, recreated from scratch; with `image`, a container
     bed whose `web_commands` run in its web container."""
+    from sqlalchemy import select
+
+    from apg_farm.store import Bed, BedEvent
+
     name = f"attack-{attack.key}".replace("_", "-")
     shutil.rmtree(root / "beds" / name, ignore_errors=True)
     shutil.rmtree(root / "escrow" / name, ignore_errors=True)
@@ -275,6 +280,12 @@ def run_attack(
     web_commands: list[str] | None = None,
 ) -> Recorded:
     """Play one attack on a fresh bed and read back what the farm recorded."""
+    from sqlalchemy import select
+
+    from apg_farm.store import Attempt, Bed, BedEvent, Execution
+    from scheduler import cancel_sweep, submit
+    from workers import EmbeddedExecutor
+
     bed = _fresh_bed(store, root, attack, image=image, web_commands=web_commands)
     sweep_id = submit(store, _spec(attack)).sweep_id
     EmbeddedExecutor(store, sweep_id).run()
@@ -303,6 +314,8 @@ def run_attack(
 
 def play_catalogue(store: Store, *, keys: tuple[str, ...] | None = None) -> bool:
     """Every attack (or those named), printed as a table; True when each ended as catalogued."""
+    from apg_farm.settings import load_settings
+
     root = load_settings().home / "attacks"
     chosen = [a for a in CATALOGUE if keys is None or a.key in keys]
     err.print(f"playing {len(chosen)} attacks on simulated beds in {root} ...")

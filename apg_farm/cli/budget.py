@@ -10,8 +10,6 @@ from rich.table import Table
 
 from apg_farm.cli.common import open_store, out, print_json
 from apg_farm.errors import BadInput
-from apg_farm.results import find_sweep
-from apg_farm.store import budget_status, set_budget, set_sweep_budget
 
 budget_app = typer.Typer(
     help="Spending caps: farm-wide per day and in total, and per sweep.", no_args_is_help=True
@@ -38,6 +36,9 @@ def budget_set(
     usd: Annotated[float | None, typer.Option(help="The sweep's budget, in USD.")] = None,
 ) -> None:
     """Set caps. Raising one resumes what it paused at the next claim; nothing is resubmitted."""
+    from apg_farm.results import find_sweep
+    from apg_farm.store import budget_status, set_budget, set_sweep_budget
+
     caps = {"--daily": _usd(daily, "--daily"), "--total": _usd(total, "--total")}
     if (sweep is None) != (usd is None):
         raise BadInput(
@@ -69,6 +70,9 @@ def budget_clear(
     ] = None,
 ) -> None:
     """Remove caps."""
+    from apg_farm.results import find_sweep
+    from apg_farm.store import budget_status, set_budget, set_sweep_budget
+
     if not (daily or total or sweep):
         raise BadInput("nothing to clear", field="--daily", fix="give --daily, --total or --sweep")
     store = open_store()
@@ -85,6 +89,8 @@ def budget_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """The farm's caps and what was spent against them."""
+    from apg_farm.store import budget_status
+
     status = budget_status(open_store())
     if as_json:
         print_json(status)

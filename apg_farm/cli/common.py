@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from apg_farm.results import CELL_COUNTS
-from apg_farm.settings import load_settings
-from apg_farm.store import Store
+if TYPE_CHECKING:
+    from apg_farm.store import Store
+
 
 # Piped output (CI logs, `| less`) would otherwise be squeezed to 80 columns.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
@@ -20,6 +20,9 @@ err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() el
 
 def open_store() -> Store:
     """The store named by APG_FARM_DATABASE_URL, or the embedded SQLite under APG_FARM_HOME."""
+    from apg_farm.settings import load_settings
+    from apg_farm.store import Store
+
     return Store(load_settings().resolved_database_url())
 
 
@@ -31,6 +34,8 @@ def _rate(cell: dict[str, Any]) -> tuple[str, str]:
 
 def report_table(report: dict[str, Any]) -> Table:
     """Per (task, model): pass rate with its Wilson 95 % interval, and every outcome beside it."""
+    from apg_farm.results import CELL_COUNTS
+
     sweep = report["sweep"]
     table = Table(title=f"sweep {sweep['name']} (id {sweep['id']}, {sweep['attempts']} attempts)")
     for name in ("task", "model"):

@@ -5,28 +5,16 @@ from __future__ import annotations
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-
-from apg_farm.beds import (
-    NewBed,
-    apply_escrow_record,
-    fingerprint_escrow_set,
-    run_escrow,
-    run_provision,
-    validate_new_bed,
-)
 from apg_farm.cli.analysis import cost_table
 from apg_farm.cli.common import err, out, report_table
 from apg_farm.cli.running import execute_sweep
 from apg_farm.defaults import DEFAULT_FIXTURES
-from apg_farm.results import analyse, find_sweep
-from apg_farm.settings import load_settings
-from apg_farm.specs import SweepSpec, Timeouts
-from apg_farm.store import Bed, BedEvent, BedState, Store
-from fixtures import simbed
-from scheduler import submit
+
+if TYPE_CHECKING:
+    from apg_farm.specs import SweepSpec
+    from apg_farm.store import Bed, Store
 
 #: The demo's beds print their run id in every way the contract allows, to show the farm copes.
 _RUN_ID_STYLES = ("line", "path", "none")
@@ -56,6 +44,8 @@ def prepare_demo_beds(
     store: Store, root: Path, *, beds: int, time_scale: float, faults: bool
 ) -> list[str]:
     """Fresh simulated beds: created, provisioned, escrowed outside the project, enrolled."""
+    from fixtures import simbed
+
     shutil.rmtree(root / "beds", ignore_errors=True)
     shutil.rmtree(root / "escrow", ignore_errors=True)
     ddev = simbed.install_ddev(root / "bin")
@@ -86,6 +76,16 @@ def simulated_bed(
     With `image`, a container bed: its web commands run in a real web container of that image
     (fixtures/container); without, a host-only bed whose commands all run on this host.
     """
+    from apg_farm.beds import (
+        NewBed,
+        apply_escrow_record,
+        fingerprint_escrow_set,
+        run_escrow,
+        run_provision,
+        validate_new_bed,
+    )
+    from fixtures import simbed
+
     approot = root / "beds" / name
     simbed.create_bed(approot, project=name, config=config)
     if image is not None:
@@ -106,6 +106,10 @@ def simulated_bed(
 
 
 def _upsert_bed(store: Store, fresh: Bed) -> None:
+    from sqlalchemy import select
+
+    from apg_farm.store import Bed, BedEvent, BedState
+
     with store.session() as session:
         row = session.scalar(select(Bed).where(Bed.name == fresh.name))
         if row is None:
@@ -134,6 +138,9 @@ def _upsert_bed(store: Store, fresh: Bed) -> None:
 
 def demo_spec(*, trials: int, name: str | None = None, tasks: int = 3) -> SweepSpec:
     """2 models × 3 tasks × trials on the simulated dataset."""
+    from apg_farm.specs import SweepSpec, Timeouts
+    from fixtures import simbed
+
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
     return SweepSpec(
         name=name or f"demo-{stamp}",
@@ -150,6 +157,10 @@ def demo_spec(*, trials: int, name: str | None = None, tasks: int = 3) -> SweepS
 
 def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults: bool) -> bool:
     """Set up beds, submit the demo sweep, run it embedded, print the table."""
+    from apg_farm.results import analyse, find_sweep
+    from apg_farm.settings import load_settings
+    from scheduler import submit
+
     root = load_settings().home / "demo"
     err.print(f"preparing {beds} simulated beds in {root} ...")
     names = prepare_demo_beds(store, root, beds=beds, time_scale=time_scale, faults=faults)

@@ -7,40 +7,25 @@ import re
 import shutil
 import socket
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from kombu.exceptions import KombuError
-from redis.exceptions import RedisError
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from sqlalchemy import func, select
 
-from apg_farm.beds import get_bed
 from apg_farm.cli.common import err, open_store, out
 from apg_farm.cli.progress import done_count
 from apg_farm.errors import BadInput, FarmError
-from apg_farm.settings import Settings, load_settings
-from apg_farm.specs import SweepSpec
-from apg_farm.store import Bed, BedEvent, BedState, Store, Sweep, stopped_by_budget, utcnow
-from scheduler import (
-    BED_MAINTENANCE,
-    LIVE_WITHIN,
-    MAINTENANCE_EXPIRY,
-    WorkerSeen,
-    attempt_time_limits,
-    bed_queue,
-    live_workers,
-    maintenance_time_limits,
-    pool_queue,
-    reconcile,
-    store_now,
-    worker_beats,
-)
-from workers import WORKER_BED, make_app
+
+if TYPE_CHECKING:
+    from apg_farm.settings import Settings
+    from apg_farm.specs import SweepSpec
+    from apg_farm.store import Bed, Store
+    from scheduler import WorkerSeen
 
 
 def require_broker() -> tuple[Settings, str]:
     """The settings and the broker URL, refusing to go on without one."""
+    from apg_farm.settings import load_settings
+
     settings = load_settings()
     if not settings.broker_url:
         raise BadInput(
@@ -50,11 +35,16 @@ def require_broker() -> tuple[Settings, str]:
 
 
 def broker_configured() -> bool:
+    from apg_farm.settings import load_settings
+
     return bool(load_settings().broker_url)
 
 
 def check_limits(spec: SweepSpec) -> None:
     """Refuse a sweep whose attempts could outlive the broker's visibility timeout."""
+    from apg_farm.settings import load_settings
+    from scheduler import attempt_time_limits
+
     settings = load_settings()
     _, hard = attempt_time_limits(spec)
     if hard >= settings.visibility_timeout:
@@ -69,6 +59,12 @@ def check_limits(spec: SweepSpec) -> None:
 
 def dispatch(store: Store) -> str:
     """Send every queued attempt that has no message yet (and requeue expired leases)."""
+    from kombu.exceptions import KombuError
+    from redis.exceptions import RedisError
+
+    from scheduler import reconcile
+    from workers import make_app
+
     settings, broker_url = require_broker()
     try:
         return reconcile(
@@ -87,6 +83,10 @@ def _safe_url(url: str) -> str:
 
 def _progress(store: Store, sweep_id: int) -> tuple[int, int, int, str]:
     """(done, total, active beds of the sweep's pool, the pool)."""
+    from sqlalchemy import func, select
+
+    from apg_farm.store import Bed, BedState, Sweep
+
     done, total = done_count(store, sweep_id)
     with store.read() as session:
         pool = session.scalar(select(Sweep.pool).where(Sweep.id == sweep_id)) or ""
@@ -100,6 +100,11 @@ def _progress(store: Store, sweep_id: int) -> tuple[int, int, int, str]:
 
 def no_live_worker(store: Store, pool: str) -> str | None:
     """Why nothing will run the pool's attempts (no worker beating on an active bed), or None."""
+    from sqlalchemy import select
+
+    from apg_farm.store import Bed, BedState
+    from scheduler import LIVE_WITHIN, live_workers, worker_beats
+
     if live_workers(store, pool):
         return None
     with store.read() as session:
@@ -131,6 +136,13 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
     False (exit 1) when the pool has no active bed, no live worker for the grace period, or a
     budget holds the sweep with nothing running.
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from apg_farm.settings import load_settings
+    from apg_farm.store import stopped_by_budget
+    from scheduler import reconcile
+    from workers import make_app
+
     settings, broker_url = require_broker()
     grace = load_settings().no_worker_grace
     app = make_app(settings)
@@ -195,6 +207,8 @@ def sweep_without_worker(store: Store, sweep_id: int) -> str | None:
 
 def bed_workers(store: Store) -> dict[str, WorkerSeen]:
     """Each bed's newest worker heartbeat, by bed name."""
+    from scheduler import worker_beats
+
     newest: dict[str, WorkerSeen] = {}
     for beat in worker_beats(store):
         if beat.bed is not None and beat.bed not in newest:
@@ -214,6 +228,10 @@ def describe_worker(beat: WorkerSeen | None) -> str:
 
 def pools_without_worker(store: Store) -> list[str]:
     """What `bed list` warns about: one line per pool of active beds that no live worker serves."""
+    from sqlalchemy import select
+
+    from apg_farm.store import Bed, BedState
+
     with store.read() as session:
         pools = list(
             session.scalars(
@@ -224,12 +242,22 @@ def pools_without_worker(store: Store) -> list[str]:
 
 
 def maintenance_via_worker(
-    store: Store, bed: Bed, action: str, *, timeout: float = MAINTENANCE_EXPIRY
+    store: Store, bed: Bed, action: str, *, timeout: float | None = None
 ) -> str:
-    """Send a maintenance action to the bed's own queue and wait for the event its worker records.
+    """Send a maintenance action to the bed's own queue and wait for the event its worker records
+    (`timeout` seconds, MAINTENANCE_EXPIRY by default).
 
     The message expires when this stops waiting: a worker that comes back later never runs it.
     """
+    from scheduler import MAINTENANCE_EXPIRY
+
+    timeout = MAINTENANCE_EXPIRY if timeout is None else timeout
+    from sqlalchemy import select
+
+    from apg_farm.store import BedEvent, utcnow
+    from scheduler import BED_MAINTENANCE, bed_queue, maintenance_time_limits, store_now
+    from workers import make_app
+
     settings, _ = require_broker()
     since = utcnow()
     with store.read() as session:
@@ -270,6 +298,11 @@ def worker_cmd(
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
     """Start the Celery worker pinned to one bed: its pool's attempts and its own maintenance queue."""
+    from apg_farm.beds import get_bed
+    from apg_farm.store import Bed, BedEvent, BedState
+    from scheduler import bed_queue, pool_queue
+    from workers import WORKER_BED, make_app
+
     settings, _ = require_broker()
     store = open_store()
     row = get_bed(store, bed)
@@ -315,6 +348,9 @@ def scheduler_cmd(
     interval: Annotated[float | None, typer.Option(help="Seconds between passes.")] = None,
 ) -> None:
     """Reconcile the broker with the store in a loop: expired leases, lost or missing messages."""
+    from scheduler import reconcile
+    from workers import make_app
+
     settings, broker_url = require_broker()
     store = open_store()
     app = make_app(settings)

@@ -7,15 +7,6 @@ from typing import Annotated
 
 import typer
 
-from apg_farm.beds import (
-    NewRemoteBed,
-    add_remote_bed,
-    apply_inventory,
-    enrol_escrow,
-    get_bed,
-    load_inventory,
-    record_escrow_set,
-)
 from apg_farm.cli.common import err, open_store, out
 
 beds_app = typer.Typer(
@@ -40,6 +31,8 @@ def add_ssh_bed(
     host_only: bool = False,
 ) -> None:
     """`bed add NAME --ssh user@host[:port] ...`: reach the host, find the bed there, enrol it."""
+    from apg_farm.beds import NewRemoteBed, add_remote_bed
+
     row, pinned, record = add_remote_bed(
         open_store(),
         NewRemoteBed(
@@ -84,6 +77,8 @@ def bed_escrow_cmd(
     ] = None,
 ) -> None:
     """Run `ddev ai-eval-escrow` on the bed's host; record the set's path and every file's sha256."""
+    from apg_farm.beds import enrol_escrow, get_bed, record_escrow_set
+
     store = open_store()
     bed = get_bed(store, name)
     if existing is not None:
@@ -105,6 +100,8 @@ def beds_apply_cmd(
     ] = False,
 ) -> None:
     """Converge the store to the inventory: add and update beds, drain and remove the others."""
+    from apg_farm.beds import apply_inventory, load_inventory
+
     inventory = load_inventory(file)
     result = apply_inventory(open_store(), inventory, source=str(file), dry_run=dry_run)
     for note in result.notes:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from apg_farm.beds import doctor_bed
 from apg_farm.cli.common import err
 from apg_farm.cli.progress import done_count
-from apg_farm.store import Bed, Store
-from workers import AttemptReport, EmbeddedExecutor
+
+if TYPE_CHECKING:
+    from apg_farm.store import Bed, Store
+    from workers import AttemptReport
 
 
 def execute_sweep(store: Store, sweep_id: int) -> bool:
     """Run every remaining attempt on the pool's beds; False when some could not be run."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from workers import EmbeddedExecutor
+
     done, total = done_count(store, sweep_id)
     with Progress(
         TextColumn("[bold]attempts"),
@@ -63,6 +66,8 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
 
 def bed_doctor(store: Store, bed: Bed) -> tuple[bool, dict[str, Any]]:
     """APG's doctor verdict and the effective mounts check; a refused bed is quarantined."""
+    from apg_farm.beds import doctor_bed
+
     healthy, verdict = doctor_bed(store, bed)
     mounts = verdict["effective_mounts"]
     if not mounts["checked"]:
