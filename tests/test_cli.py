@@ -200,3 +200,27 @@ def test_readme_real_bed_flow(tmp_path: Path) -> None:
     assert set(report["outcomes"]) <= {"PASSED", "FAILED"}
     again = farm(home, "run", str(sweep))
     assert "nothing new" in again.stdout
+
+
+def test_the_command_tree_imports_nothing_heavy() -> None:
+    """`apg-farm --help` builds every command without the store, Celery, paramiko or pydantic:
+    they are imported by the commands that use them (the start-up figures: docs/benchmarks.md)."""
+    probe = (
+        "import sys; from apg_farm.cli import app; import typer; typer.main.get_command(app); "
+        "print(','.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.strip().split(","))
+    heavy = {
+        "sqlalchemy",
+        "alembic",
+        "celery",
+        "kombu",
+        "paramiko",
+        "pydantic",
+        "redis",
+        "starlette",
+    }
+    assert loaded & heavy == set()
+    assert not any(m in loaded for m in ("scheduler", "workers"))
