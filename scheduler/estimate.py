@@ -27,11 +27,10 @@ from typing import Any
 from sqlalchemy import Float, cast, extract, func, select
 from sqlalchemy.orm import Session
 
-from apg_farm.errors import BadInput
 from apg_farm.results import group_quantiles, refuse_if_sealed
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, Bed, BedState, Execution, Store, Sweep, SweepState
-from scheduler.submission import _check_compatible
+from apg_farm.store import Attempt, Bed, BedState, Execution, Store, Sweep
+from scheduler.submission import check_resubmit
 
 #: Finished executions read per (task, model): the most recent ones.
 RECENT = 200
@@ -295,13 +294,7 @@ def estimate_sweep(store: Store, spec: SweepSpec, *, recent: int = RECENT) -> Sw
         sweep = session.scalar(select(Sweep).where(Sweep.name == spec.name))
         have: dict[tuple[str, str], int] = {}
         if sweep is not None:
-            if sweep.state != SweepState.OPEN:
-                raise BadInput(
-                    f"sweep {spec.name!r} was cancelled; it takes no new attempts",
-                    field="name",
-                    fix="give the sweep a new name",
-                )
-            _check_compatible(SweepSpec.model_validate(sweep.spec), spec)
+            check_resubmit(sweep, spec)
             have = _existing(session, sweep.id, spec)
         adds = {
             (task, model): spec.trials - have.get((task, model), 0)
@@ -423,26 +416,20 @@ def _key(pair: PairEstimate) -> dict[str, Any]:
     return {"task": pair.task, "model": pair.model, "attempts": pair.attempts}
 
 
+def _figures(median: float, low: float, high: float, **count: int) -> dict[str, Any]:
+    return {"median": round(median, 6), "low": round(low, 6), "high": round(high, 6), **count}
+
+
 def _as_dict(total: Total | None) -> dict[str, Any] | None:
     if total is None:
         return None
-    return {
-        "median": round(total.median, 6),
-        "low": round(total.low, 6),
-        "high": round(total.high, 6),
-        "attempts": total.attempts,
-    }
+    return _figures(total.median, total.low, total.high, attempts=total.attempts)
 
 
 def _spread(spread: Spread | None) -> dict[str, Any] | None:
     if spread is None:
         return None
-    return {
-        "median": round(spread.median, 6),
-        "low": round(spread.low, 6),
-        "high": round(spread.high, 6),
-        "executions": spread.samples,
-    }
+    return _figures(spread.median, spread.low, spread.high, executions=spread.samples)
 
 
 def _row(

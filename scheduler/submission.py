@@ -90,13 +90,7 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
             session.flush()
             existing = 0
         else:
-            if sweep.state != SweepState.OPEN:
-                raise BadInput(
-                    f"sweep {spec.name!r} was cancelled; it takes no new attempts",
-                    field="name",
-                    fix="give the sweep a new name",
-                )
-            _check_compatible(SweepSpec.model_validate(sweep.spec), spec)
+            check_resubmit(sweep, spec)
             existing = _count(session, sweep.id)
         base = session.scalar(select(func.max(Attempt.seq)).where(Attempt.sweep_id == sweep.id))
         offset = 0 if base is None else base + 1
@@ -152,6 +146,18 @@ def _insert(
                 "seqs": [offset + k.seq for k in chunk],
             },
         )
+
+
+def check_resubmit(sweep: Sweep, spec: SweepSpec) -> None:
+    """Refuse a re-submit the stored sweep cannot take: it was cancelled, or the file changes
+    what its attempts are (dataset, fixture set, agent)."""
+    if sweep.state != SweepState.OPEN:
+        raise BadInput(
+            f"sweep {spec.name!r} was cancelled; it takes no new attempts",
+            field="name",
+            fix="give the sweep a new name",
+        )
+    _check_compatible(SweepSpec.model_validate(sweep.spec), spec)
 
 
 def _check_compatible(old: SweepSpec, new: SweepSpec) -> None:

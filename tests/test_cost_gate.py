@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from apg_farm.cli import main
 from apg_farm.errors import BadInput
 from apg_farm.results import (
     CheckPolicy,
@@ -29,6 +28,7 @@ from apg_farm.store import Attempt, Execution, Store
 from fixtures import simbed
 from scheduler import submit
 from tests.analysis_farm import Farm
+from tests.cli_runner import run_main
 from tests.simbeds import make_beds, spec
 from workers import EmbeddedExecutor
 
@@ -81,13 +81,7 @@ def cli(farm: Farm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixtu
     monkeypatch.setenv("COLUMNS", "250")
 
     def run(*args: str, code: int = 0) -> tuple[str, str]:
-        monkeypatch.setattr(sys, "argv", ["apg-farm", *args])
-        with pytest.raises(SystemExit) as done:
-            main()
-        captured = capsys.readouterr()
-        assert "Traceback" not in captured.err, captured.err
-        assert done.value.code == code, f"rc={done.value.code}\n{captured.out}\n{captured.err}"
-        return captured.out, captured.err
+        return run_main(monkeypatch, capsys, *args, code=code)
 
     return run
 

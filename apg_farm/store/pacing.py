@@ -378,28 +378,3 @@ def stopped_by_budget(store: Store, sweep_id: int) -> list[str]:
             .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.RUNNING)
         )
     return [] if running else pauses
-
-
-__all__ = [
-    "PROBE",
-    "SCOPES",
-    "Gates",
-    "add_spend",
-    "at_capacity",
-    "backoff",
-    "budget_status",
-    "claimable",
-    "close",
-    "day_key",
-    "db_time",
-    "ensure_gates",
-    "farm_budget_reached",
-    "pace_status",
-    "paused_models",
-    "running_counts",
-    "set_budget",
-    "set_sweep_budget",
-    "stopped_by_budget",
-    "sweep_pauses",
-    "trip",
-]
