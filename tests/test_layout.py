@@ -25,7 +25,9 @@ WINGS: dict[str, int] = {
     "apg_farm.results": 3,
     "scheduler": 4,
     "workers": 5,
-    "apg_farm.cli": 6,
+    # The web dashboard (`apg-farm serve`): below the CLI, which alone imports it.
+    "apg_farm.dashboard": 6,
+    "apg_farm.cli": 7,
 }
 #: Modules every wing may import; they import nothing of the farm but each other.
 FOUNDATIONS = {
@@ -125,7 +127,7 @@ def test_no_module_outside_a_wing_imports_its_private_modules() -> None:
 
 
 def test_imports_flow_one_way() -> None:
-    """cli → workers → scheduler → results/beds → store → contract → transports; foundations
+    """cli → dashboard → workers → scheduler → results/beds → store → contract → transports; foundations
     and the simulated bed import nothing of the wings."""
     assert upward_imports() == []
 

@@ -1,5 +1,7 @@
-"""The `apg-farm` command. This package is the composition root: the only part of apg_farm that
-imports scheduler/ and workers/."""
+"""The `apg-farm` command. This package is the composition root: with the dashboard it serves
+(`apg-farm serve`), the only part of apg_farm that imports scheduler/ and workers/. Its modules
+import those, the store and the results inside the commands that use them, so a command loads only
+what it runs."""
 
 from __future__ import annotations
 

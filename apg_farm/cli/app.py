@@ -458,6 +458,36 @@ def _run_to_the_end(store: Store, sweep_id: int) -> None:
         raise typer.Exit(1)
 
 
+@app.command("serve")
+def serve_cmd(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback unless you mean it).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8750,
+    read_only_public: Annotated[
+        bool,
+        typer.Option(
+            "--read-only-public", help="Let anyone who reaches it browse; actions keep the token."
+        ),
+    ] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option("--allowed-host", help="Host header to accept (repeat); default: loopback."),
+    ] = None,
+) -> None:
+    """The live web dashboard: sweeps, beds, attempts; cancel, retry and release with a token."""
+    # The web stack (starlette, jinja2, uvicorn) loads only for this command.
+    from apg_farm.dashboard import serve
+
+    serve(
+        open_store(),
+        host=host,
+        port=port,
+        read_only_public=read_only_public,
+        allowed_hosts=tuple(allowed_host or ()),
+    )
+
+
 app.command("worker")(distributed.worker_cmd)
 app.command("scheduler")(distributed.scheduler_cmd)
 db_app.command("upgrade")(distributed.db_upgrade_cmd)

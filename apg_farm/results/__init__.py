@@ -20,7 +20,7 @@ from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
 from apg_farm.results.export import export_eee, model_slug
-from apg_farm.results.html_report import render_html
+from apg_farm.results.html_report import cost_section, forest_plot, render_html
 from apg_farm.results.queries import group_quantiles
 from apg_farm.results.regression import (
     CheckPolicy,
@@ -69,8 +69,10 @@ __all__ = [
     "compare",
     "cost_findings",
     "cost_points",
+    "cost_section",
     "export_eee",
     "find_sweep",
+    "forest_plot",
     "group_quantiles",
     "holm",
     "load_baseline",

@@ -1,0 +1,406 @@
+"""What the dashboard reads from the store, as JSON-ready dicts: the pages and `/api/` share them.
+
+Every read is bounded whatever the store's size: sweeps and a sweep's attempts come a page at a
+time (keyset pagination on the id, never OFFSET over 100,000 rows), counts are grouped by the
+database, and a bed shows its last few executions and events only. Live figures (progress per
+model, each running attempt's phase, the ETA, spend and pauses) come from
+`apg_farm.results.watch_snapshot`, the same reading `apg-farm sweep status --watch` shows.
+Everything here is data a bed may have printed: the templates escape it, never this module.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from apg_farm.errors import NotFound
+from apg_farm.results import watch_snapshot
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedEvent,
+    BedState,
+    Execution,
+    Phase,
+    Store,
+    Sweep,
+)
+
+#: Rows per page of a sweep's attempts, and the most a caller may ask for.
+ATTEMPTS_PAGE = 50
+MAX_PAGE = 500
+#: Sweeps per page of the sweeps list.
+SWEEPS_PAGE = 100
+#: Per bed on the beds page: its latest executions and events.
+BED_EXECUTIONS = 5
+BED_EVENTS = 8
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat(timespec="seconds") if value else None
+
+
+def _progress(counts: Counter[str]) -> dict[str, int]:
+    return {
+        "total": sum(counts.values()),
+        "done": counts.get(AttemptState.DONE, 0),
+        "running": counts.get(AttemptState.RUNNING, 0),
+        "queued": counts.get(AttemptState.QUEUED, 0),
+    }
+
+
+def _sweep_row(sweep: Sweep, states: Counter[str], outcomes: Counter[str]) -> dict[str, Any]:
+    """One sweep as the list and the sweep page show it: progress, state, spend."""
+    return {
+        "id": sweep.id,
+        "name": sweep.name,
+        "state": sweep.state,
+        "pool": sweep.pool,
+        "created_at": iso(sweep.created_at),
+        "cancelled_at": iso(sweep.cancelled_at),
+        "sealed_at": iso(sweep.sealed_at),
+        **_progress(states),
+        "outcomes": dict(sorted(outcomes.items())),
+        # What the farm's pacing reads: the running total and the sweep's cap (None: no cap).
+        "spent_usd": round(sweep.spent_usd or 0.0, 6),
+        "budget_usd": sweep.budget_usd,
+    }
+
+
+def _counts(session: Session, sweep_ids: list[int]) -> dict[int, tuple[Counter[str], Counter[str]]]:
+    found: dict[int, tuple[Counter[str], Counter[str]]] = defaultdict(
+        lambda: (Counter(), Counter())
+    )
+    if not sweep_ids:
+        return found
+    for sweep_id, state, outcome, count in session.execute(
+        select(Attempt.sweep_id, Attempt.state, Attempt.outcome, func.count())
+        .where(Attempt.sweep_id.in_(sweep_ids))
+        .group_by(Attempt.sweep_id, Attempt.state, Attempt.outcome)
+    ):
+        states, outcomes = found[sweep_id]
+        states[state] += count
+        if outcome:
+            outcomes[outcome] += count
+    return found
+
+
+def sweeps_overview(
+    store: Store, *, before: int | None = None, limit: int = SWEEPS_PAGE
+) -> dict[str, Any]:
+    """The newest sweeps (those with an id below `before`), each with its progress and spend."""
+    limit = max(1, min(limit, MAX_PAGE))
+    with store.read() as session:
+        query = select(Sweep).order_by(Sweep.id.desc()).limit(limit + 1)
+        if before is not None:
+            query = query.where(Sweep.id < before)
+        sweeps = list(session.scalars(query))
+        more = len(sweeps) > limit
+        sweeps = sweeps[:limit]
+        counts = _counts(session, [s.id for s in sweeps])
+        rows = [_sweep_row(s, *counts[s.id]) for s in sweeps]
+    return {"sweeps": rows, "next_before": rows[-1]["id"] if more else None}
+
+
+def sweep_live(store: Store, sweep_id: int) -> dict[str, Any]:
+    """A sweep's summary and its live view (watch_snapshot: per model, per bed, ETA, pace)."""
+    with store.read() as session:
+        sweep = session.get(Sweep, sweep_id)
+        if sweep is None:
+            raise NotFound(f"no sweep with id {sweep_id}")
+        row = _sweep_row(sweep, *_counts(session, [sweep_id])[sweep_id])
+        spec = sweep.spec
+    row.update(
+        {
+            "tasks": spec.get("tasks", []),
+            "models": spec.get("models", []),
+            "trials": spec.get("trials"),
+            "dataset": spec.get("dataset"),
+        }
+    )
+    return {"sweep": row, "live": watch_snapshot(store, sweep_id)}
+
+
+def attempts_page(
+    store: Store,
+    sweep_id: int,
+    *,
+    after: int | None = None,
+    before: int | None = None,
+    limit: int = ATTEMPTS_PAGE,
+    filters: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One page of a sweep's attempts in id order: after `after`, or the page ending before
+    `before`; filtered by exact task, model, state or outcome. Reads `limit + 1` rows."""
+    limit = max(1, min(limit, MAX_PAGE))
+    chosen = {k: v for k, v in (filters or {}).items() if v}
+    conditions = [Attempt.sweep_id == sweep_id]
+    for key, column in (
+        ("task", Attempt.task),
+        ("model", Attempt.model),
+        ("state", Attempt.state),
+        ("outcome", Attempt.outcome),
+    ):
+        if key in chosen:
+            conditions.append(column == chosen[key])
+    with store.read() as session:
+        if session.get(Sweep, sweep_id) is None:
+            raise NotFound(f"no sweep with id {sweep_id}")
+        total = session.scalar(select(func.count()).select_from(Attempt).where(*conditions)) or 0
+        query = select(Attempt).where(*conditions)
+        if before is not None:
+            # The page before: read backwards from `before`, then show it in id order.
+            rows = list(
+                session.scalars(
+                    query.where(Attempt.id < before).order_by(Attempt.id.desc()).limit(limit + 1)
+                )
+            )
+            has_prev = len(rows) > limit
+            rows = list(reversed(rows[:limit]))
+            has_next = True
+        else:
+            if after is not None:
+                query = query.where(Attempt.id > after)
+            rows = list(session.scalars(query.order_by(Attempt.id).limit(limit + 1)))
+            has_next = len(rows) > limit
+            rows = rows[:limit]
+            has_prev = after is not None
+        ids = [a.id for a in rows]
+        tries: dict[int, tuple[int, str | None]] = {}
+        if ids:
+            for attempt_id, number, bed in session.execute(
+                select(Execution.attempt_id, Execution.number, Bed.name)
+                .join(Bed, Bed.id == Execution.bed_id)
+                .where(Execution.attempt_id.in_(ids))
+                .order_by(Execution.attempt_id, Execution.number)
+            ):
+                tries[attempt_id] = (number, bed)
+        attempts = [
+            {
+                "id": a.id,
+                "task": a.task,
+                "model": a.model,
+                "trial": a.trial,
+                "state": a.state,
+                "outcome": a.outcome,
+                "reason": a.reason,
+                "executions": tries.get(a.id, (0, None))[0],
+                "bed": tries.get(a.id, (0, None))[1],
+                "finished_at": iso(a.finished_at),
+            }
+            for a in rows
+        ]
+    return {
+        "sweep_id": sweep_id,
+        "filters": chosen,
+        "total": total,
+        "attempts": attempts,
+        "next_after": ids[-1] if ids and has_next else None,
+        "prev_before": ids[0] if ids and has_prev else None,
+    }
+
+
+def _running_by_bed(store: Store, session: Session) -> dict[str, dict[str, Any]]:
+    """Each bed's running attempt, with the phase it is in and for how long (watch_snapshot's
+    reading of the sweeps that have one running)."""
+    held = session.execute(
+        select(Bed.name, Attempt.id, Attempt.sweep_id, Sweep.name)
+        .join(Bed, Bed.id == Attempt.bed_id)
+        .join(Sweep, Sweep.id == Attempt.sweep_id)
+        .where(Attempt.state == AttemptState.RUNNING)
+    ).all()
+    found: dict[str, dict[str, Any]] = {}
+    for sweep_id in sorted({sweep_id for _, _, sweep_id, _ in held}):
+        for row in watch_snapshot(store, sweep_id)["running"]:
+            found[row["bed"]] = dict(row)
+    for bed, attempt_id, sweep_id, sweep_name in held:
+        if bed in found:
+            found[bed].update({"attempt_id": attempt_id, "sweep_id": sweep_id, "sweep": sweep_name})
+    return found
+
+
+def beds_overview(store: Store) -> dict[str, Any]:
+    """Every bed grouped by host: state and reason, what it runs now (phase and for how long),
+    its latest executions and events."""
+    with store.read() as session:
+        running = _running_by_bed(store, session)
+        beds = list(session.scalars(select(Bed).order_by(Bed.host, Bed.name)))
+        hosts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for bed in beds:
+            executions = session.execute(
+                select(
+                    Execution.id,
+                    Execution.number,
+                    Execution.result,
+                    Execution.reason,
+                    Execution.started_at,
+                    Execution.finished_at,
+                    Attempt.id,
+                    Attempt.task,
+                    Attempt.model,
+                    Attempt.trial,
+                    Sweep.name,
+                )
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .join(Sweep, Sweep.id == Attempt.sweep_id)
+                .where(Execution.bed_id == bed.id)
+                .order_by(Execution.id.desc())
+                .limit(BED_EXECUTIONS)
+            ).all()
+            events = session.execute(
+                select(BedEvent.at, BedEvent.kind, BedEvent.detail)
+                .where(BedEvent.bed_id == bed.id)
+                .order_by(BedEvent.id.desc())
+                .limit(BED_EVENTS)
+            ).all()
+            hosts[bed.host or "local"].append(
+                {
+                    "name": bed.name,
+                    "pool": bed.pool,
+                    "state": bed.state,
+                    "reason": bed.state_reason,
+                    "quarantined": bed.state == BedState.QUARANTINED,
+                    "transport": bed.transport,
+                    "host": bed.host,
+                    "approot": bed.approot,
+                    "escrowed": bed.escrow_set is not None,
+                    "untrusted_verifier": bed.untrusted_verifier,
+                    "failures_in_a_row": bed.consecutive_errors,
+                    "running": running.get(bed.name),
+                    "executions": [
+                        {
+                            "id": e_id,
+                            "number": number,
+                            "result": result,
+                            "reason": reason,
+                            "started_at": iso(started),
+                            "finished_at": iso(finished),
+                            "attempt_id": attempt_id,
+                            "task": task,
+                            "model": model,
+                            "trial": trial,
+                            "sweep": sweep,
+                        }
+                        for (
+                            e_id,
+                            number,
+                            result,
+                            reason,
+                            started,
+                            finished,
+                            attempt_id,
+                            task,
+                            model,
+                            trial,
+                            sweep,
+                        ) in executions
+                    ],
+                    "events": [
+                        {"at": iso(at), "kind": kind, "detail": detail}
+                        for at, kind, detail in events
+                    ],
+                }
+            )
+    return {
+        "hosts": [{"host": host, "beds": rows} for host, rows in sorted(hosts.items())],
+        "states": dict(Counter(b.state for b in beds)),
+    }
+
+
+def _phase(phase: Phase) -> dict[str, Any]:
+    return {
+        "id": phase.id,
+        "name": phase.name,
+        "argv": phase.argv,
+        "rc": phase.rc,
+        "exit_code": phase.exit_code,
+        "tokens": phase.tokens,
+        "started_at": iso(phase.started_at),
+        "finished_at": iso(phase.finished_at),
+        "duration": phase.duration,
+        "timed_out": phase.timed_out,
+        "transport_error": phase.transport_error,
+        "stdout": phase.stdout,
+        "stdout_bytes": phase.stdout_bytes,
+        "stdout_truncated": phase.stdout_truncated,
+        "stderr": phase.stderr,
+        "stderr_bytes": phase.stderr_bytes,
+        "stderr_truncated": phase.stderr_truncated,
+    }
+
+
+def attempt_detail(store: Store, attempt_id: int) -> dict[str, Any]:
+    """An attempt with every execution: its phases (argv, exit code, tokens, timings, output),
+    its envelope as stored, and the diff (the `diff` phase's stdout)."""
+    with store.read() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None:
+            raise NotFound(f"no attempt with id {attempt_id}")
+        sweep = session.get_one(Sweep, attempt.sweep_id)
+        beds = dict(session.execute(select(Bed.id, Bed.name)).all())
+        executions = []
+        for execution in session.scalars(
+            select(Execution).where(Execution.attempt_id == attempt_id).order_by(Execution.number)
+        ):
+            phases = [
+                _phase(p)
+                for p in session.scalars(
+                    select(Phase).where(Phase.execution_id == execution.id).order_by(Phase.id)
+                )
+            ]
+            diff = next((p["stdout"] for p in phases if p["name"] == "diff"), None)
+            envelope = execution.envelope
+            executions.append(
+                {
+                    "id": execution.id,
+                    "number": execution.number,
+                    "bed": beds.get(execution.bed_id),
+                    "worker": execution.worker,
+                    "started_at": iso(execution.started_at),
+                    "finished_at": iso(execution.finished_at),
+                    "run_id": execution.run_id,
+                    "result": execution.result,
+                    "reason": execution.reason,
+                    "score": execution.score,
+                    "max_score": execution.max_score,
+                    "bed_seconds": execution.bed_seconds,
+                    "cost_usd": execution.cost_usd,
+                    "tokens": {
+                        "input": execution.input_tokens,
+                        "output": execution.output_tokens,
+                        "cache_read": execution.cache_read_tokens,
+                        "cache_write": execution.cache_write_tokens,
+                    },
+                    "turns": execution.turns,
+                    "adapter_status": execution.adapter_status,
+                    "provider_trouble": execution.provider_trouble,
+                    # Stored verbatim as bytes; shown as text (bad UTF-8 replaced, never trusted).
+                    "envelope": None
+                    if envelope is None
+                    else bytes(envelope).decode("utf-8", errors="replace"),
+                    "envelope_sha256": execution.envelope_sha256,
+                    "diff": diff,
+                    "phases": phases,
+                }
+            )
+        return {
+            "id": attempt.id,
+            "sweep": {"id": sweep.id, "name": sweep.name, "state": sweep.state},
+            "task": attempt.task,
+            "model": attempt.model,
+            "trial": attempt.trial,
+            "state": attempt.state,
+            "outcome": attempt.outcome,
+            "reason": attempt.reason,
+            "bed": beds.get(attempt.bed_id) if attempt.bed_id else None,
+            "infra_failures": attempt.infra_failures,
+            "deliveries": attempt.deliveries,
+            "created_at": iso(attempt.created_at),
+            "finished_at": iso(attempt.finished_at),
+            "executions": executions,
+        }

@@ -1,0 +1,267 @@
+// apg-farm dashboard: polls the page's JSON API (body[data-api]) and updates the figures in place.
+// Served from /static/ under a CSP without 'unsafe-inline'. Every value a bed may have printed is
+// written with textContent, never innerHTML.
+(function () {
+  "use strict";
+  var body = document.body;
+  var api = body.dataset.api;
+  var page = body.dataset.page;
+  var every = parseInt(body.dataset.pollMs || "2000", 10) || 2000;
+  if (!api || !page) {
+    return;
+  }
+
+  function clock(seconds) {
+    // As the server writes it (apg_farm.dashboard.app._clock): 1h02m03s, 4m05s.
+    if (seconds === null || seconds === undefined) {
+      return "unknown";
+    }
+    var whole = Math.round(seconds);
+    var hours = Math.floor(whole / 3600);
+    var minutes = Math.floor((whole % 3600) / 60);
+    var secs = whole % 60;
+    var two = function (n) { return (n < 10 ? "0" : "") + n; };
+    return hours ? hours + "h" + two(minutes) + "m" + two(secs) + "s" : minutes + "m" + two(secs) + "s";
+  }
+
+  function usd(value) {
+    // As the reports write dollars: 4 decimals below $1, else 2.
+    if (value === null || value === undefined) {
+      return "—";
+    }
+    var digits = value < 1 ? 4 : 2;
+    return "$" + value.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  }
+
+  function byId(id) {
+    return document.getElementById(id);
+  }
+
+  function setText(id, text) {
+    var el = byId(id);
+    if (el) {
+      el.textContent = String(text);
+    }
+  }
+
+  function td(tr, text, className) {
+    var cell = document.createElement("td");
+    cell.textContent = String(text);
+    if (className) {
+      cell.className = className;
+    }
+    tr.appendChild(cell);
+    return cell;
+  }
+
+  function progress(value, max) {
+    var bar = document.createElement("progress");
+    bar.value = value;
+    bar.max = max || 1;
+    return bar;
+  }
+
+  function fill(tbodyId, rows, build, empty, columns) {
+    var tbody = byId(tbodyId);
+    if (!tbody) {
+      return;
+    }
+    tbody.replaceChildren();
+    rows.forEach(function (row) {
+      var tr = document.createElement("tr");
+      build(tr, row);
+      tbody.appendChild(tr);
+    });
+    if (!rows.length && empty) {
+      var tr = document.createElement("tr");
+      var cell = td(tr, empty, "l muted");
+      cell.colSpan = columns;
+      tbody.appendChild(tr);
+    }
+  }
+
+  function list(ulId, items, empty) {
+    var ul = byId(ulId);
+    if (!ul) {
+      return;
+    }
+    ul.replaceChildren();
+    items.forEach(function (item) {
+      var li = document.createElement("li");
+      li.textContent = item.text;
+      if (item.className) {
+        li.className = item.className;
+      }
+      ul.appendChild(li);
+    });
+    if (!items.length && empty) {
+      var li = document.createElement("li");
+      li.textContent = empty;
+      li.className = "muted";
+      ul.appendChild(li);
+    }
+  }
+
+  var render = {
+    sweeps: function (data) {
+      var rows = {};
+      data.sweeps.forEach(function (s) { rows[String(s.id)] = s; });
+      document.querySelectorAll("tr[data-sweep-id]").forEach(function (tr) {
+        var s = rows[tr.dataset.sweepId];
+        if (!s) {
+          return;
+        }
+        var put = function (field, text) {
+          var el = tr.querySelector('[data-field="' + field + '"]');
+          if (el) {
+            el.textContent = String(text);
+          }
+        };
+        put("state", s.state);
+        put("done", s.done);
+        put("total", s.total);
+        put("running", s.running);
+        put("queued", s.queued);
+        put("error", s.outcomes.ERROR || 0);
+        put("invalid", s.outcomes.INVALID || 0);
+        put("spent", usd(s.spent_usd));
+        put("budget", s.budget_usd === null ? "none" : usd(s.budget_usd));
+        var bar = tr.querySelector('[data-field="progress"]');
+        if (bar) {
+          bar.max = s.total || 1;
+          bar.value = s.done;
+        }
+      });
+    },
+
+    sweep: function (data) {
+      var s = data.sweep;
+      var snap = data.live;
+      setText("sweep-state", s.state);
+      setText("done-count", snap.done);
+      setText("total-count", snap.total);
+      setText("running-count", snap.running.length);
+      setText("queued-count", snap.queued);
+      setText("active-beds", snap.active_beds);
+      var finished = snap.queued === 0 && snap.running.length === 0;
+      setText("eta", finished ? "finished" : "ETA " + clock(snap.eta_seconds));
+      setText("median", clock(snap.median_execution_seconds));
+      setText("spent", usd(s.spent_usd));
+      setText("budget", s.budget_usd === null ? "no budget" : usd(s.budget_usd));
+      var bar = byId("progress");
+      if (bar) {
+        bar.max = snap.total || 1;
+        bar.value = snap.done;
+      }
+      var pace = snap.pace || { paused: [], paused_models: [], max_concurrent: {} };
+      var paused = [];
+      pace.paused.forEach(function (reason) {
+        paused.push({ text: "paused: " + reason + "; raise it with `apg-farm budget set`", className: "bad" });
+      });
+      pace.paused_models.forEach(function (g) {
+        var wait = g.waiting_for === "back-off" ? "until " + g.until : "probe running";
+        paused.push({ text: "model " + g.model + " paused: provider trouble (" + g.trouble + "), " + g.trips + " in a row, " + wait, className: "warn" });
+      });
+      Object.keys(pace.max_concurrent).forEach(function (model) {
+        var cap = pace.max_concurrent[model];
+        paused.push({ text: "model " + model + ": " + cap.running + " running of max_concurrent " + cap.max });
+      });
+      list("paused", paused, null);
+      fill("models-live", snap.models, function (tr, row) {
+        td(tr, row.model, "l");
+        td(tr, "", "l").appendChild(progress(row.done, row.total));
+        td(tr, row.done + "/" + row.total);
+        td(tr, row.running);
+        td(tr, row.passed + "/" + row.counted);
+        td(tr, row.invalid, row.invalid ? "warn" : "");
+        td(tr, row.error, row.error ? "warn" : "");
+      }, null, 7);
+      fill("running-live", snap.running, function (tr, row) {
+        td(tr, row.bed, "l");
+        td(tr, row.task, "l");
+        td(tr, row.model, "l");
+        td(tr, row.trial);
+        td(tr, row.execution);
+        td(tr, row.phase, "l");
+        td(tr, clock(row.phase_elapsed));
+        td(tr, clock(row.elapsed));
+      }, "no attempt running", 8);
+      list("quarantined", snap.quarantined.map(function (q) {
+        return { text: q.bed + ": " + (q.reason || "") };
+      }), "none");
+    },
+
+    beds: function (data) {
+      var beds = {};
+      data.hosts.forEach(function (group) {
+        group.beds.forEach(function (b) { beds[b.name] = b; });
+      });
+      document.querySelectorAll("[data-bed]").forEach(function (article) {
+        var b = beds[article.dataset.bed];
+        if (!b) {
+          return;
+        }
+        var state = article.querySelector('[data-field="state"]');
+        if (state) {
+          state.textContent = b.state;
+        }
+        var now = article.querySelector('[data-field="now"]');
+        if (!now) {
+          return;
+        }
+        now.replaceChildren();
+        var r = b.running;
+        if (!r) {
+          now.textContent = "idle";
+          return;
+        }
+        now.appendChild(document.createTextNode("running "));
+        var link = document.createElement("a");
+        link.href = "/attempts/" + encodeURIComponent(String(r.attempt_id));
+        link.textContent = r.task + " · " + r.model + " #" + r.trial;
+        now.appendChild(link);
+        now.appendChild(document.createTextNode(" of " + r.sweep + " (try " + r.execution + "): phase "));
+        var phase = document.createElement("b");
+        phase.textContent = r.phase;
+        now.appendChild(phase);
+        now.appendChild(document.createTextNode(" for " + clock(r.phase_elapsed) + ", " + clock(r.elapsed) + " in all"));
+      });
+    },
+
+    attempt: function (data) {
+      // A running attempt's page reloads when a phase was recorded or the attempt finished.
+      var phases = data.executions.reduce(function (n, e) { return n + e.phases.length; }, 0);
+      if (String(phases) !== body.dataset.phases || data.state !== body.dataset.state) {
+        window.location.reload();
+      }
+    },
+  };
+
+  function schedule() {
+    window.setTimeout(tick, every);
+  }
+
+  function tick() {
+    if (document.hidden || (page === "attempt" && body.dataset.state === "done")) {
+      schedule();
+      return;
+    }
+    fetch(api, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (!response.ok) {
+          throw new Error("HTTP " + response.status);
+        }
+        return response.json();
+      })
+      .then(function (data) {
+        render[page](data);
+        setText("updated-at", new Date().toLocaleTimeString());
+      })
+      .catch(function (error) {
+        setText("updated-at", "failed (" + error.message + ")");
+      })
+      .then(schedule);
+  }
+
+  schedule();
+})();

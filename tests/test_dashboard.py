@@ -1,0 +1,406 @@
+"""`apg-farm serve` as a real process on a farm whose sweeps ran on simulated beds: every page and
+the JSON API behind the token, the numbers equal to `apg-farm report --format json`, attempts a
+page at a time, the actions refused without the session or the CSRF token and done with both,
+and what a bed printed served escaped. The browser's view is in test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from markupsafe import escape
+from sqlalchemy import func, select
+
+from apg_farm.dashboard import (
+    CSP,
+    Guard,
+    attempt_detail,
+    attempts_page,
+    beds_overview,
+    load_token,
+    sweep_live,
+    sweeps_overview,
+)
+from apg_farm.errors import BadInput
+from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store, Sweep
+from tests.dashboard_farm import (
+    HOSTILE,
+    SCRIPT,
+    TOKEN,
+    Client,
+    DashFarm,
+    Server,
+    build_farm,
+    run_sweep,
+    serving,
+)
+from tests.simbeds import make_beds
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory) -> DashFarm:
+    return build_farm(tmp_path_factory.mktemp("dashboard-farm"))
+
+
+@pytest.fixture(scope="module")
+def server(farm: DashFarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(farm, tmp_path_factory.mktemp("serve") / "serve.log") as running:
+        yield running
+
+
+def _pages(farm: DashFarm) -> list[str]:
+    finished = farm.sweeps["finished"]
+    return [
+        "/sweeps",
+        f"/sweeps/{finished}",
+        f"/sweeps/{finished}/attempts",
+        "/beds",
+        f"/attempts/{farm.hostile_attempt}",
+    ]
+
+
+def _apis(farm: DashFarm) -> list[str]:
+    finished = farm.sweeps["finished"]
+    return [
+        "/api/sweeps",
+        f"/api/sweeps/{finished}",
+        f"/api/sweeps/{finished}/report",
+        f"/api/sweeps/{finished}/attempts",
+        "/api/beds",
+        f"/api/attempts/{farm.hostile_attempt}",
+    ]
+
+
+def test_the_cli_does_not_load_the_web_stack() -> None:
+    """Only `apg-farm serve` imports starlette, jinja2 and uvicorn."""
+    probe = (
+        "import sys, apg_farm.cli; "
+        "print([m for m in ('starlette', 'uvicorn', 'jinja2', 'apg_farm.dashboard') "
+        "if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_token_is_made_once_with_0600_and_the_environment_wins(tmp_path: Path) -> None:
+    made = load_token(tmp_path / "home", {})
+    path = tmp_path / "home" / "dashboard-token"
+    assert made.generated and len(made.value) >= 40 and made.source == str(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    again = load_token(tmp_path / "home", {})
+    assert (again.value, again.generated) == (made.value, False)
+    given = load_token(tmp_path / "home", {"APG_FARM_DASHBOARD_TOKEN": TOKEN})
+    assert (given.value, given.generated) == (TOKEN, False)
+    with pytest.raises(BadInput, match="shorter"):
+        load_token(tmp_path / "home", {"APG_FARM_DASHBOARD_TOKEN": "short"})
+    path.chmod(0o644)
+    with pytest.raises(BadInput, match="readable by others"):
+        load_token(tmp_path / "home", {})
+
+
+def test_sessions_and_csrf_tokens_are_signed_and_bound() -> None:
+    guard, other = Guard(TOKEN), Guard(TOKEN + "-rotated")
+    session = guard.new_session()
+    assert guard.session_valid(session) and not other.session_valid(session)
+    assert TOKEN not in session
+    sid, _, signature = session.rpartition(".")
+    assert not guard.session_valid(f"{sid}x.{signature}")
+    assert not guard.session_valid(guard.new_session(now=0))  # expired
+    nonce = guard.new_nonce()
+    assert guard.csrf_valid(nonce, guard.csrf_token(nonce))
+    assert not guard.csrf_valid(guard.new_nonce(), guard.csrf_token(nonce))
+    assert not guard.csrf_valid(nonce, None) and not guard.csrf_valid(None, "x")
+    assert guard.bearer_valid(f"Bearer {TOKEN}") and not guard.bearer_valid("Bearer nope")
+
+
+def test_every_page_and_api_needs_the_token(server: Server, farm: DashFarm) -> None:
+    anonymous = Client(server.url)
+    for path in _pages(farm):
+        reply = anonymous.get(path)
+        assert reply.status == 303, path
+        assert reply.headers["location"].startswith("/login?next="), path
+    for path in _apis(farm):
+        assert anonymous.get(path).status == 401, path
+        assert anonymous.get(path, headers={"Authorization": "Bearer wrong"}).status == 401
+        reply = anonymous.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert reply.status == 200, path
+        json.loads(reply.body)
+
+
+def test_login_sets_a_strict_httponly_cookie(server: Server, farm: DashFarm) -> None:
+    client = Client(server.url)
+    no_csrf = client.post("/login", {"token": TOKEN})
+    assert no_csrf.status == 403 and "apg_farm_session" not in client.cookies
+    wrong = client.post("/login", {"csrf": client.csrf(), "token": "x" * 40, "next": "/beds"})
+    assert wrong.status == 401 and 'id="login-failed"' in wrong.body
+    done = client.login()
+    assert done.status == 303 and done.headers["location"] == "/sweeps"
+    [cookie] = [c for c in done.headers.get_all("set-cookie") or [] if "apg_farm_session" in c]
+    assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower() and TOKEN not in cookie
+    # An outside `next` is never followed.
+    evil = Client(server.url).post(
+        "/login", {"csrf": Client(server.url).csrf(), "token": TOKEN, "next": "//evil.example"}
+    )
+    assert evil.status in (303, 403)
+    for path in _pages(farm):
+        reply = client.get(path)
+        assert reply.status == 200, path
+        assert TOKEN not in reply.body
+
+
+def test_pages_carry_a_csp_without_inline_scripts(server: Server, farm: DashFarm) -> None:
+    client = Client(server.url)
+    client.login()
+    for path in [*_pages(farm), "/login", "/api/sweeps"]:
+        reply = client.get(path)
+        assert reply.headers["content-security-policy"] == CSP
+        assert "'unsafe-inline'" not in CSP and "script-src 'self'" in CSP
+        assert reply.headers["x-content-type-options"] == "nosniff"
+        # Every script element is the one static file; no inline handler anywhere.
+        assert re.findall(r"<script\b[^>]*>", reply.body) in (
+            [],
+            ['<script src="/static/dashboard.js" defer>'],
+        )
+        assert not re.search(r"<[a-zA-Z][^>]*\son[a-z]+\s*=", reply.body)
+    assert client.get("/static/dashboard.js").status == 200
+    # A page elsewhere that points its own name at 127.0.0.1 is refused by Host.
+    assert client.get("/sweeps", headers={"Host": "evil.example"}).status == 400
+
+
+def test_what_a_bed_printed_is_served_escaped(server: Server, farm: DashFarm) -> None:
+    client = Client(server.url)
+    client.login()
+    page = client.get(f"/attempts/{farm.hostile_attempt}").body
+    assert str(escape(HOSTILE)) in page
+    assert SCRIPT not in page and "<img" not in page
+    beds = client.get("/beds").body
+    assert "window.__xss" in beds and SCRIPT not in beds and "<img" not in beds
+    detail = json.loads(
+        client.get(f"/api/attempts/{farm.hostile_attempt}").body
+    )  # JSON keeps it as data
+    run = [p for p in detail["executions"][0]["phases"] if p["name"] == "run"]
+    assert run[0]["stderr"] == HOSTILE
+
+
+def _report_json(farm: DashFarm, sweep: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "apg_farm", "report", sweep, "--format", "json"],
+        env=farm.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}%"
+
+
+def _row(page: str, attrs: str) -> dict[str, str]:
+    match = re.search(rf"<tr {re.escape(attrs)}>(.*?)</tr>", page, re.DOTALL)
+    assert match, attrs
+    return dict(re.findall(r'data-col="([a-z_]+)"[^>]*>([^<]*)<', match.group(1)))
+
+
+def test_numbers_equal_the_report_json(server: Server, farm: DashFarm) -> None:
+    """The API's report is `apg-farm report --format json`; the page shows the same figures."""
+    report = _report_json(farm, "finished")
+    client = Client(server.url)
+    client.login()
+    sweep_id = farm.sweeps["finished"]
+    assert json.loads(client.get(f"/api/sweeps/{sweep_id}/report").body) == report
+    page = client.get(f"/sweeps/{sweep_id}").body
+    assert 'id="forest-plot"' in page
+    assert page.count('class="point"') == len(report["cells"])
+    for cell in report["cells"]:
+        attrs = f'data-task="{html.escape(cell["task"])}" data-model="{html.escape(cell["model"])}"'
+        shown = _row(page, attrs)
+        assert shown["n"] == str(cell["n"])
+        assert shown["passed"] == str(cell["passed"])
+        assert shown["pass_rate"] == _pct(cell["pass_rate"])
+        assert shown["ci"] == f"{_pct(cell['ci_low'])} – {_pct(cell['ci_high'])}"
+        assert shown["pass_at_k"] == _pct(cell["pass_at_k"])
+    [comparison] = report["comparisons"]
+    shown = _row(
+        page,
+        f'data-a="{html.escape(comparison["model_a"])}" '
+        f'data-b="{html.escape(comparison["model_b"])}"',
+    )
+    assert shown["pairs"] == str(comparison["pairs"])
+    assert shown["diff"] == _pct(comparison["diff"])
+    assert shown["diff_ci"] == f"{_pct(comparison['diff_low'])} – {_pct(comparison['diff_high'])}"
+    live = json.loads(client.get(f"/api/sweeps/{sweep_id}").body)
+    assert live["live"]["done"] == live["sweep"]["done"] == report["sweep"]["attempts"] == 12
+    assert f'<span id="done-count">{live["live"]["done"]}</span>' in page
+
+
+def test_attempts_come_a_page_at_a_time(server: Server, farm: DashFarm) -> None:
+    client = Client(server.url)
+    client.login()
+    sweep_id = farm.sweeps["finished"]
+    with farm.store.read() as session:
+        expected = list(
+            session.scalars(
+                select(Attempt.id).where(Attempt.sweep_id == sweep_id).order_by(Attempt.id)
+            )
+        )
+    seen: list[int] = []
+    pages = []
+    after: int | None = None
+    while True:
+        query = f"?limit=5&after={after}" if after else "?limit=5"
+        page = json.loads(client.get(f"/api/sweeps/{sweep_id}/attempts{query}").body)
+        assert len(page["attempts"]) <= 5 and page["total"] == len(expected)
+        pages.append(page)
+        seen += [a["id"] for a in page["attempts"]]
+        after = page["next_after"]
+        if after is None:
+            break
+    assert seen == expected and len(pages) == 3
+    back = json.loads(
+        client.get(
+            f"/api/sweeps/{sweep_id}/attempts?limit=5&before={pages[1]['attempts'][0]['id']}"
+        ).body
+    )
+    assert back["attempts"] == pages[0]["attempts"] and back["prev_before"] is None
+    passed = json.loads(client.get(f"/api/sweeps/{sweep_id}/attempts?outcome=PASSED").body)
+    assert all(a["outcome"] == "PASSED" for a in passed["attempts"])
+    html_page = client.get(f"/sweeps/{sweep_id}/attempts").body
+    assert html_page.count('<a href="/attempts/') == len(expected)  # 12 < one page of 50
+
+
+def _state(store: Store, sweep_id: int) -> tuple[str, int]:
+    with store.read() as session:
+        sweep = session.get_one(Sweep, sweep_id)
+        cancelled = session.scalar(
+            select(func.count())
+            .select_from(Attempt)
+            .where(Attempt.sweep_id == sweep_id, Attempt.outcome == "CANCELLED")
+        )
+    return sweep.state, cancelled or 0
+
+
+def test_actions_need_the_session_and_the_csrf_token(server: Server, farm: DashFarm) -> None:
+    waiting = farm.sweeps["waiting"]
+    cancel = f"/sweeps/{waiting}/cancel"
+    anonymous = Client(server.url)
+    assert anonymous.post(cancel, {"csrf": anonymous.csrf()}).status == 401
+    client = Client(server.url)
+    client.login()
+    good = client.csrf(f"/sweeps/{waiting}")
+    stranger = Client(server.url)
+    assert client.post(cancel, {}).status == 403
+    assert client.post(cancel, {"csrf": "0" * 64}).status == 403
+    assert client.post(cancel, {"csrf": stranger.csrf()}).status == 403
+    evil = client.post(cancel, {"csrf": good}, headers={"Origin": "http://evil.example"})
+    assert evil.status == 403
+    assert _state(farm.store, waiting) == ("open", 0)
+
+    done = client.post(cancel, {"csrf": good})
+    assert (
+        done.status == 303 and done.headers["location"] == f"/sweeps/{waiting}?done=cancelled&n=3"
+    )
+    assert _state(farm.store, waiting) == ("cancelled", 3)
+    assert "Cancelled 3 queued attempts" in client.get(done.headers["location"]).body
+
+    failing = farm.sweeps["failing"]
+    retry = f"/sweeps/{failing}/retry"
+    assert anonymous.post(retry, {"csrf": anonymous.csrf(), "outcome": ["error"]}).status == 401
+    assert client.post(retry, {"outcome": ["error", "invalid"]}).status == 403
+    refused = client.post(retry, {"csrf": good, "outcome": ["passed"]})
+    assert refused.status == 400 and "cannot be retried" in refused.body
+    done = client.post(retry, {"csrf": good, "outcome": ["error", "invalid"]})
+    assert done.status == 303 and done.headers["location"].endswith("done=retried&n=2")
+    with farm.store.read() as session:
+        queued = session.scalar(
+            select(func.count())
+            .select_from(Attempt)
+            .where(Attempt.sweep_id == failing, Attempt.state == AttemptState.QUEUED)
+        )
+    assert queued == 2
+
+    release = "/beds/bed2/release"
+    assert anonymous.post(release, {"csrf": anonymous.csrf()}).status == 401
+    assert client.post(release, {"csrf": "x"}).status == 403
+    done = client.post(release, {"csrf": good})
+    assert done.status == 303 and done.headers["location"] == "/beds?done=released"
+    with farm.store.read() as session:
+        bed = session.scalars(select(Bed).where(Bed.name == "bed2")).one()
+        kinds = session.scalars(
+            select(BedEvent.kind).where(BedEvent.bed_id == bed.id).order_by(BedEvent.id)
+        ).all()
+    assert bed.state == BedState.ACTIVE and kinds[-1] == "released"
+    again = client.post(release, {"csrf": good})
+    assert again.status == 400 and "not quarantined" in again.body
+    # Nothing of the token reached the server's log, whatever was asked.
+    assert TOKEN not in server.output()
+
+
+def test_read_only_public_browsing_keeps_actions_behind_the_token(
+    farm: DashFarm, tmp_path: Path
+) -> None:
+    with serving(farm, tmp_path / "public.log", "--read-only-public") as public:
+        anonymous = Client(public.url)
+        for path in [*_pages(farm), *_apis(farm)]:
+            assert anonymous.get(path).status == 200, path
+        page = anonymous.get(f"/sweeps/{farm.sweeps['finished']}").body
+        assert 'id="retry-form"' not in page and "Log in</a> to cancel" in page
+        finished = farm.sweeps["finished"]
+        refused = anonymous.post(f"/sweeps/{finished}/cancel", {"csrf": anonymous.csrf()})
+        assert refused.status == 401
+        assert _state(farm.store, finished)[0] == "open"
+
+
+def test_a_generated_token_is_printed_once(farm: DashFarm, tmp_path: Path) -> None:
+    token_file = farm.home / "dashboard-token"
+    token_file.unlink(missing_ok=True)
+    with serving(farm, tmp_path / "first.log", token=None) as first:
+        token = token_file.read_text().strip()
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        assert first.output().count(token) == 1
+        client = Client(first.url)
+        assert client.login(token).status == 303
+        assert client.get("/beds").status == 200
+    with serving(farm, tmp_path / "second.log", token=None) as second:
+        assert token not in second.output()
+        assert str(token_file) in second.output()
+        assert Client(second.url).login(token).status == 303
+
+
+def test_the_reads_on_both_backends(store: Store, tmp_path: Path) -> None:
+    """What the pages read, on SQLite and PostgreSQL: overview, live view, pages, beds, attempt."""
+    make_beds(store, tmp_path, 2)
+    sweep_id = run_sweep(store, "both", tasks=1, models=2, trials=3)
+    [row] = sweeps_overview(store)["sweeps"]
+    assert (row["id"], row["total"], row["done"], row["queued"]) == (sweep_id, 6, 6, 0)
+    live = sweep_live(store, sweep_id)
+    assert live["live"]["done"] == 6 and live["sweep"]["models"] == live["sweep"]["models"]
+    first = attempts_page(store, sweep_id, limit=4)
+    second = attempts_page(store, sweep_id, limit=4, after=first["next_after"])
+    assert len(first["attempts"]) == 4 and len(second["attempts"]) == 2
+    assert second["next_after"] is None and second["prev_before"] == second["attempts"][0]["id"]
+    assert attempts_page(store, sweep_id, before=second["prev_before"], limit=4) == {
+        **first,
+        "prev_before": None,
+    }
+    beds = beds_overview(store)
+    [group] = beds["hosts"]
+    assert group["host"] == "local" and [b["name"] for b in group["beds"]] == ["bed0", "bed1"]
+    assert sum(len(b["executions"]) for b in group["beds"]) == 6
+    detail = attempt_detail(store, first["attempts"][0]["id"])
+    [execution] = detail["executions"]
+    names = [p["name"] for p in execution["phases"]]
+    assert "run" in names and "diff" in names and execution["diff"] is not None
+    assert execution["envelope"] and json.loads(execution["envelope"])
