@@ -13,7 +13,16 @@ from sqlalchemy.orm import Session
 from apg_farm.errors import BadInput
 from apg_farm.results import refuse_if_sealed
 from apg_farm.specs import PACING, SweepSpec
-from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState, UTCDateTime, utcnow
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Store,
+    Sweep,
+    SweepState,
+    UTCDateTime,
+    ensure_gates,
+    utcnow,
+)
 from scheduler.plan import AttemptKey, iter_keys
 
 #: Fields that define what an attempt is; a sweep cannot change them once submitted.
@@ -103,6 +112,8 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
             sweep.spec_sha256 = SweepSpec.model_validate(sweep.spec).digest()
         if not new_sweep and sweep.sealed_at is None:
             _repace(sweep, spec)
+        # Each capped model's gate row: the claim locks it to count the model's running attempts.
+        ensure_gates(store, session, spec.max_concurrent)
         return Submission(sweep.id, sweep.name, created, existing, new_sweep)
 
 

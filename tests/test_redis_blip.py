@@ -170,7 +170,7 @@ def _drained(server: BlipRedis, queue: str, timeout: float = 60) -> None:
 
 
 def test_a_redis_blip_costs_nothing(
-    blip_celery_farm: tuple[Store, Workers], blip_redis: BlipRedis, tmp_path: Path
+    blip_farm: tuple[Store, Workers], blip_redis: BlipRedis, tmp_path: Path
 ) -> None:
     """Three 4 s outages, each while every bed runs an agent: all finish once, no bed quarantined."""
     store, workers = blip_farm

@@ -26,7 +26,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from apg_farm.specs import SweepSpec
 from apg_farm.store.db import Store
 from apg_farm.store.models import (
     Attempt,
@@ -163,6 +162,12 @@ class Gates:
             if not store.is_sqlite:
                 query = query.with_for_update()
             rows = {gate.model: gate for gate in session.scalars(query)}
+            missing = [m for m in capped if m in wanted and m not in rows]
+            if missing:
+                # A capped model's count is only safe under its row's lock: make the row (submit
+                # does; a store migrated with caps already set may lack it), then lock again.
+                ensure_gates(store, session, missing)
+                rows = {gate.model: gate for gate in session.scalars(query)}
         return cls(store, session, rows)
 
     def now(self) -> datetime:
@@ -334,7 +339,8 @@ def pace_status(store: Store, session: Session, sweep: Sweep) -> dict[str, Any]:
     """The sweep's spend against its caps, and why its queued attempts may be waiting:
     "paused" (a budget spent: a person must raise it), paused models (their provider failed;
     they resume on their own), and models at their max_concurrent."""
-    models = list(SweepSpec.model_validate(sweep.spec).models)
+    # The stored spec's models, read as data: status must not fail on a spec it cannot parse.
+    models = set((sweep.spec or {}).get("models") or [])
     caps = sweep.max_concurrent or {}
     running = running_counts(session, caps)
     now = db_time(store, session)
