@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from apg_farm.defaults import PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX
@@ -21,6 +22,11 @@ class Settings(BaseSettings):
 
     database_url: str | None = None
     """SQLAlchemy URL of the store; default SQLite at `<home>/farm.db`."""
+
+    db_password: SecretStr | None = None
+    """The store's password (APG_FARM_DB_PASSWORD), kept out of the URL: given with a
+    `database_url` that names a user but no password, it is put into the URL percent-encoded, so
+    any character (`@`, `/`, `%`, `:`) works."""
 
     broker_url: str | None = None
     """Celery broker (Redis); unset means the embedded executor."""
@@ -50,8 +56,30 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         """The URL to open: the explicit one, or the embedded SQLite file under home."""
         if self.database_url:
-            return self.database_url
+            if self.db_password is None:
+                return self.database_url
+            return with_password(self.database_url, self.db_password.get_secret_value())
         return f"sqlite:///{self.home / 'farm.db'}"
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` (which names a user and no password) with `password` percent-encoded into it."""
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at or not userinfo:
+        raise BadInput(
+            "APG_FARM_DB_PASSWORD is set but APG_FARM_DATABASE_URL names no user",
+            field="APG_FARM_DATABASE_URL",
+            fix="write the user in the URL without a password: postgresql://apg@host:5432/db",
+        )
+    if ":" in userinfo:
+        raise BadInput(
+            "APG_FARM_DB_PASSWORD is set and APG_FARM_DATABASE_URL has a password too",
+            field="APG_FARM_DATABASE_URL",
+            fix="leave the password out of the URL",
+        )
+    netloc = f"{userinfo}:{quote(password, safe='')}@{hostport}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def load_settings() -> Settings:

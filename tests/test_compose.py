@@ -1,19 +1,31 @@
-"""docker-compose.yml, checked with a parser (no Docker engine runs here)."""
+"""docker-compose.yml, checked with a parser (tests/test_compose_stack.py brings it up for real),
+and the two things of the farm it relies on: the database password kept out of the URL, and a
+worker that waits for its bed."""
 
 from __future__ import annotations
 
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+from sqlalchemy.engine import make_url
 
-from apg_farm.settings import Settings
+from apg_farm.cli import distributed
+from apg_farm.errors import BadInput
+from apg_farm.settings import Settings, load_settings
 from apg_farm.specs import parse_sweep
+from apg_farm.store import Store, normalize_url
 from scheduler import attempt_time_limits
+from tests.simbeds import make_beds
 from workers import make_app
 
-COMPOSE = Path(__file__).resolve().parents[1] / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+FARM_URL = "postgresql://apg@pgbouncer:6432/apg_farm?pgbouncer=true"
 
 
 def _compose() -> dict[str, Any]:
@@ -25,23 +37,36 @@ def _compose() -> dict[str, Any]:
 def test_compose_has_the_services_and_they_are_wired() -> None:
     """redis, postgres, scheduler, flower and a worker template; farm services point at them."""
     services = _compose()["services"]
-    assert {"redis", "postgres", "pgbouncer", "scheduler", "flower", "worker-bed-1"} <= set(
-        services
-    )
-    for name in ("redis", "postgres"):
+    farm = ("scheduler", "flower", "dashboard", "worker-bed-1")
+    assert {"redis", "postgres", "pgbouncer", *farm} <= set(services)
+    for name in ("redis", "postgres", "pgbouncer"):
         assert "healthcheck" in services[name]
-    for name in ("scheduler", "flower", "worker-bed-1"):
+    for name in farm:
         env = services[name]["environment"]
         assert env["APG_FARM_BROKER_URL"].startswith("redis://redis:")
-        # Through PgBouncer, with the flag that turns psycopg's prepared statements off.
-        assert "@pgbouncer:6432/" in env["APG_FARM_DATABASE_URL"]
-        assert env["APG_FARM_DATABASE_URL"].endswith("?pgbouncer=true")
+        # Through PgBouncer, with the flag that turns psycopg's prepared statements off; the
+        # password is not in the URL: the farm percent-encodes APG_FARM_DB_PASSWORD into it.
+        assert env["APG_FARM_DATABASE_URL"] == FARM_URL
+        assert env["APG_FARM_DB_PASSWORD"].startswith("${APG_FARM_DB_PASSWORD:?")
         assert services[name]["depends_on"]["pgbouncer"]["condition"] == "service_healthy"
+        assert "farm-home:/home/farm/.apg-farm" in services[name]["volumes"]
     assert services["pgbouncer"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert "pool_mode = transaction" in " ".join(services["pgbouncer"]["command"])
     assert services["scheduler"]["command"] == ["apg-farm", "scheduler"]
     assert services["worker-bed-1"]["command"] == ["apg-farm", "worker", "--bed", "bed-1"]
     assert "workers.celery_app" in services["flower"]["command"]
+    assert services["dashboard"]["command"] == [
+        "apg-farm", "serve", "--host", "0.0.0.0", "--port", "8080"
+    ]  # fmt: skip
+    # The SSH key folder reaches the worker read-only, where its beds' --identity points.
+    assert (
+        "${APG_FARM_SSH_DIR:-~/.ssh/apg-farm}:/home/farm/.ssh:ro"
+        in services["worker-bed-1"]["volumes"]
+    )
+    # Published on the host's loopback only.
+    published = [p for s in services.values() for p in s.get("ports", [])]
+    assert published and all(p.startswith("127.0.0.1:") for p in published)
+    assert {p.rsplit(":", 1)[1] for p in published} == {"5555", "8080"}
 
 
 def test_compose_secrets_are_not_hard_coded_and_images_build() -> None:
@@ -50,7 +75,81 @@ def test_compose_secrets_are_not_hard_coded_and_images_build() -> None:
     assert re.search(r"POSTGRES_PASSWORD: \$\{APG_FARM_DB_PASSWORD:\?", text)
     assert ":-apg}" not in text and "PASSWORD: apg" not in text
     build = _compose()["services"]["scheduler"]["build"]
-    assert "pip install" in build["dockerfile_inline"] and build["context"] == "."
+    assert build["context"] == "." and build["dockerfile"] == "images/farm.Dockerfile"
+    dockerfile = (ROOT / build["dockerfile"]).read_text()
+    assert "pip install" in dockerfile
+    # farm-home is made by the image, owned by the farm user: a fresh volume takes that owner.
+    assert "install -d -o farm -g farm -m 0700 /home/farm/.apg-farm" in dockerfile
+
+
+@pytest.mark.parametrize("compose_file", ["docker-compose.yml", "fixtures/compose/sshbed.yml"])
+def test_every_image_is_built_here_from_the_debootstrap_base(compose_file: str) -> None:
+    """No registry image: each service builds FROM the local base (images/base.sh), on the host's
+    network (the engine may have no default bridge), from a Dockerfile Compose v1 reads too."""
+    services = yaml.safe_load((ROOT / compose_file).read_text())["services"]
+    for name, service in services.items():
+        build = service.get("build")
+        assert build, f"{name} uses a registry image ({service.get('image')})"
+        assert service["image"].startswith("apg-farm") and service["image"].endswith(":local")
+        assert "dockerfile_inline" not in build  # Compose v2 only
+        assert build["network"] == "host"
+        assert build["args"]["BASE"] == "${APG_FARM_BASE_IMAGE:-apg-farm/base:bookworm}"
+        dockerfile = (ROOT / build["dockerfile"]).read_text()
+        assert "ARG BASE=apg-farm/base:bookworm\nFROM ${BASE}\n" in dockerfile, name
+        assert len(re.findall(r"^FROM ", dockerfile, re.M)) == 1, name
+    base = (ROOT / "images" / "base.sh").read_text()
+    assert "fixtures/container/image.sh" in base and "docker build" in base
+
+
+@pytest.mark.parametrize("password", ["p@ss/w%rd:x", 'a"b#c?d e+f', "%40", "only-plain", "é/€:@@"])
+def test_the_database_password_is_percent_encoded_into_the_url(password: str) -> None:
+    """APG_FARM_DB_PASSWORD with `@`, `/`, `%`, `:` (...) reaches the driver exactly as given."""
+    url = Settings(database_url=FARM_URL, db_password=password).resolved_database_url()
+    parsed = make_url(normalize_url(url))
+    assert parsed.password == password
+    assert (parsed.username, parsed.host, parsed.port, parsed.database) == (
+        "apg",
+        "pgbouncer",
+        6432,
+        "apg_farm",
+    )
+    assert dict(parsed.query) == {"pgbouncer": "true"}
+
+
+def test_the_database_password_setting_refuses_ambiguity_and_hides_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read from the environment, kept out of repr; a URL with its own password, or without a
+    user, is refused; without the setting the URL is used as it is."""
+    monkeypatch.setenv("APG_FARM_DATABASE_URL", FARM_URL)
+    monkeypatch.setenv("APG_FARM_DB_PASSWORD", "s3cr@t")
+    settings = load_settings()
+    assert "s3cr@t" not in repr(settings)
+    assert settings.resolved_database_url().startswith("postgresql://apg:s3cr%40t@pgbouncer:6432/")
+    for url in ("postgresql://apg:other@db/x", "postgresql://db/x"):
+        with pytest.raises(BadInput):
+            Settings(database_url=url, db_password="p").resolved_database_url()
+    monkeypatch.delenv("APG_FARM_DB_PASSWORD")
+    assert Settings(database_url=FARM_URL).resolved_database_url() == FARM_URL
+
+
+def test_a_worker_waits_for_its_bed_saying_so_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`apg-farm worker --bed NAME` before the bed is enrolled: one line, then it waits and starts."""
+    store = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+    adder = threading.Timer(0.3, lambda: make_beds(store, tmp_path / "beds", 1))
+    adder.start()
+    started = time.monotonic()
+    try:
+        row = distributed.wait_for_bed(store, "bed0", poll=0.02)
+    finally:
+        adder.join()
+        store.dispose()
+    assert row.name == "bed0" and time.monotonic() - started >= 0.25
+    said = capsys.readouterr().err
+    assert said.count("bed bed0 is not enrolled yet") == 1
+    assert "bed bed0 is enrolled: starting" in said
 
 
 def test_celery_configuration_follows_the_design() -> None:

@@ -13,7 +13,7 @@ import typer
 
 from apg_farm.cli.common import err, open_store, out
 from apg_farm.cli.progress import done_count
-from apg_farm.errors import BadInput, FarmError
+from apg_farm.errors import BadInput, FarmError, NotFound
 
 if TYPE_CHECKING:
     from apg_farm.settings import Settings
@@ -293,19 +293,50 @@ def maintenance_via_worker(
     )
 
 
+#: How often a worker started before its bed was enrolled looks for it again (seconds).
+BED_POLL_SECONDS = 5.0
+
+
+def wait_for_bed(store: Store, name: str, *, poll: float | None = None) -> Bed:
+    """The bed named `name`; until it is enrolled, wait (saying so once) and look again.
+
+    A worker container may start before its bed is added (`docker compose up` brings every
+    service up at once): it waits, quietly, instead of exiting and being restarted in a loop."""
+    from apg_farm.beds import get_bed
+
+    every = BED_POLL_SECONDS if poll is None else poll
+    said = False
+    while True:
+        try:
+            row = get_bed(store, name)
+        except NotFound:
+            if not said:
+                err.print(
+                    f"bed {name} is not enrolled yet: waiting for `apg-farm bed add {name} ...` "
+                    f"(checking every {every:g} s)"
+                )
+                said = True
+            time.sleep(every)
+            continue
+        if said:
+            err.print(f"bed {name} is enrolled: starting")
+        return row
+
+
 def worker_cmd(
     bed: Annotated[str, typer.Option("--bed", help="The bed this worker runs attempts on.")],
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
-    """Start the Celery worker pinned to one bed: its pool's attempts and its own maintenance queue."""
-    from apg_farm.beds import get_bed
+    """Start the Celery worker pinned to one bed: its pool's attempts and its own maintenance queue.
+
+    A bed not enrolled yet is waited for (the worker says so once and looks every few seconds)."""
     from apg_farm.store import Bed, BedEvent, BedState
     from scheduler import bed_queue, pool_queue
     from workers import WORKER_BED, make_app
 
     settings, _ = require_broker()
     store = open_store()
-    row = get_bed(store, bed)
+    row = wait_for_bed(store, bed)
     if row.state == BedState.REMOVED:
         raise BadInput(f"bed {bed} was removed", fix="add it again with `apg-farm bed add`")
     hostname = f"{bed}@{socket.gethostname()}"
