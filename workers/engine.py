@@ -10,7 +10,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
@@ -65,6 +65,7 @@ from apg_farm.defaults import (
 from apg_farm.errors import FarmError
 from apg_farm.settings import load_settings
 from apg_farm.store import (
+    AGENT_STOPPED,
     Attempt,
     AttemptState,
     Bed,
@@ -127,7 +128,7 @@ class BedInfo:
     untrusted_verifier: bool = False
     #: Web commands run in a web container, where the agent's processes outlive a killed `ddev`.
     web_container: bool = False
-    #: The last run on this bed ended with its agent confirmed stopped (bed meta `agent_stopped`).
+    #: The last run on this bed ended with its agent confirmed stopped (from the claim).
     agent_stopped: bool = True
 
     @classmethod
@@ -145,7 +146,6 @@ class BedInfo:
             grader_tree_sha256=bed.grader_tree_sha256,
             untrusted_verifier=bool(bed.untrusted_verifier),
             web_container=bool(bed.web_container),
-            agent_stopped=bool((bed.meta or {}).get("agent_stopped", True)),
         )
 
     def runs_dir(self) -> str:
@@ -263,7 +263,9 @@ class AttemptEngine:
 
     def _run(self, claim: Claim) -> AttemptReport:
         with self.store.session() as session:
-            bed = BedInfo.of(session.get_one(Bed, self.bed_id))
+            bed = replace(
+                BedInfo.of(session.get_one(Bed, self.bed_id)), agent_stopped=claim.agent_stopped
+            )
         attempt = _Attempt(self, bed, claim)
         with _Lease(self.store, claim, self.lease_seconds) as lease:
             attempt.lease = lease
@@ -287,6 +289,7 @@ class AttemptEngine:
             bed = session.get_one(Bed, self.bed_id, with_for_update=not self.store.is_sqlite)
             execution = session.get_one(Execution, claim.execution_id)
             attempt.fill(execution, verdict)
+            attempt.mark_bed(bed)
             execution.result = "LOST"
             add_spend(self.store, session, claim.sweep_id, execution.cost_usd)
             # What this bed showed while it held the attempt still stands: quarantine it.
@@ -316,6 +319,7 @@ class AttemptEngine:
             # LOST with no end yet: the reconciler took the attempt back while this bed worked.
             taken_back = execution.reason if execution.result == "LOST" else None
             attempt.fill(execution, verdict)
+            attempt.mark_bed(bed)
             # Spent whatever becomes of the attempt: every execution's cost counts.
             add_spend(self.store, session, claim.sweep_id, execution.cost_usd)
             reasons = [*attempt.quarantines]
@@ -483,6 +487,8 @@ class _Attempt:
         self._run_jsons: dict[str, dict[str, object] | None] = {}
         #: The diff already ran (the provider check took it): it is not taken twice.
         self._diffed = False
+        #: Whether no process of an agent can be running on the bed now (see _mark_agent_stopped).
+        self.agent_stopped = bed.agent_stopped
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
@@ -663,12 +669,9 @@ class _Attempt:
         return CONTINUE
 
     def _mark_agent_stopped(self, stopped: bool) -> None:
-        def write() -> None:
-            with self.engine.store.session() as session:
-                bed = session.get_one(Bed, self.bed.id, with_for_update=True)
-                bed.meta = {**(bed.meta or {}), "agent_stopped": stopped}
-
-        self.engine.store.retrying(write)
+        # Kept with the attempt and written with its verdict (_finish, _record_lost): the claim
+        # already marked the bed "not confirmed", which stands if this worker dies first.
+        self.agent_stopped = stopped
 
     def _seen(self, verdict: Verdict) -> Verdict:
         """Keep every quarantine a phase asks for: the final verdict may be another phase's."""
@@ -953,6 +956,11 @@ class _Attempt:
                     stderr_truncated=result.stderr.truncated,
                 )
             )
+
+    def mark_bed(self, bed: Bed) -> None:
+        """Record on the bed whether this attempt left it with no agent process running."""
+        if (bed.meta or {}).get(AGENT_STOPPED) != self.agent_stopped:
+            bed.meta = {**(bed.meta or {}), AGENT_STOPPED: self.agent_stopped}
 
     def fill(self, execution: Execution, verdict: Verdict) -> None:
         """Copy what this execution learned onto its row."""

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from apg_farm.store.claims import (
+    AGENT_STOPPED,
     HAND_BACK_LIMIT,
     Claim,
     claim_next,
@@ -55,6 +56,7 @@ from apg_farm.store.pacing import (
 )
 
 __all__ = [
+    "AGENT_STOPPED",
     "HAND_BACK_LIMIT",
     "PROBE",
     "SCOPES",

@@ -65,12 +65,19 @@ class Claim:
     provider_failures: int = 0
     #: This attempt is its model's breaker probe: how it ends closes or reopens the breaker.
     probe: bool = False
+    #: The bed's last run ended with its agent confirmed stopped. The claim itself records
+    #: "not confirmed" on the bed (committed before anything runs); the engine records how
+    #: this attempt ended with its verdict, so a worker that dies leaves the bed marked.
+    agent_stopped: bool = True
 
     @property
     def label(self) -> str:
         """A stable name for the attempt, also given to the bed as APG_FARM_ATTEMPT."""
         return f"{self.sweep_name}/{self.task}/{self.model}/{self.trial}"
 
+
+#: The bed meta key saying the bed's last run ended with its agent confirmed stopped.
+AGENT_STOPPED = "agent_stopped"
 
 #: A retry handed back this many times is taken by any bed: the beds it waits for may have no worker.
 HAND_BACK_LIMIT = 10
@@ -194,6 +201,8 @@ def claim_next(
                 started_at=utcnow(),
             )
             session.add(execution)
+            stopped_before = bool((bed.meta or {}).get(AGENT_STOPPED, True))
+            bed.meta = {**(bed.meta or {}), AGENT_STOPPED: False}
             if admitted == PROBE:
                 gates.hold_for_probe(attempt.model, *backoff)
             session.flush()
@@ -210,6 +219,7 @@ def claim_next(
                 spec=spec,
                 provider_failures=attempt.provider_failures,
                 probe=admitted == PROBE,
+                agent_stopped=stopped_before,
             )
     return None
 
