@@ -13,6 +13,18 @@ PROVIDER_BACKOFF_MAX = 1800.0
 #: Tries of one attempt the provider may fail and still be retried. The record that says so is
 #: written in the bed: an agent could claim an outage to try again, so the retries are few.
 PROVIDER_RETRIES = 3
+#: A provider claim that would start a new outage of a model is believed at most once in this
+#: many seconds: a real outage hits many runs at once and is rare; an agent claiming one each
+#: time it fails makes claims between runs of its model that go fine (outcomes.md, "Provider
+#: trouble"). Claims while a believed outage goes on (no clean run since) are believed.
+PROVIDER_OUTAGE_QUIET = 600.0
+#: Re-runs of one attempt granted on the word of a run the agent may have written (an adapter
+#: start failure, a run that timed out, on a site the diff shows unchanged); then it is scored.
+AGENT_CLAIM_RERUNS = 1
+#: Seconds a run that says its adapter never started may take and still be believed: an adapter
+#: fails to start before its agent works; a claim after longer may be an agent that saw itself
+#: failing. APG_FARM_START_WINDOW overrides it (time-scaled simulated beds need less).
+AGENT_START_SECONDS = 60.0
 #: Infrastructure failures in a row after which a bed is quarantined.
 MAX_CONSECUTIVE_INFRA_ERRORS = 3
 #: Bytes of stdout/stderr kept per phase (head + tail); enough for every token and the DDEV exit line.

@@ -8,7 +8,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from apg_farm.defaults import PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX
+from apg_farm.defaults import AGENT_START_SECONDS, PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX
 from apg_farm.errors import BadInput
 
 
@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     """Seconds a model is paused after its provider failed, doubling per trouble in a row."""
     provider_backoff_max: float = Field(default=PROVIDER_BACKOFF_MAX, gt=0)
     """The longest such pause."""
+    start_window: float = Field(default=AGENT_START_SECONDS, gt=0)
+    """Seconds within which a run that says its adapter never started must have ended to be
+    believed (a retry): a claim made later may come from an agent that did its work, saw it
+    failing and wrote the claim to be tried again (docs/outcomes.md, the rule)."""
 
     @property
     def backoff(self) -> tuple[float, float]:

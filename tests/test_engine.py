@@ -73,7 +73,7 @@ def test_bed_commands_never_see_farm_settings(
     AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
     with store.session() as session:
         argvs = [p.argv for p in session.scalars(select(Phase))]
-    assert len(argvs) == 9 and not any("hunter2" in " ".join(a) for a in argvs)
+    assert len(argvs) == 10 and not any("hunter2" in " ".join(a) for a in argvs)
     log = simbed.read_log(Path(bed.approot))
     commands = {line["command"] for line in log}
     assert {"ai-eval-reset", "ai-eval-run", "ai-eval-grade"} <= commands

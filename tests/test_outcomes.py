@@ -11,12 +11,16 @@ from apg_farm.contract import (
     TOKENS,
     Outcome,
     PhaseOutput,
+    SiteState,
     Verdict,
+    after_agent,
+    judge_at_baseline,
+    judge_claim,
     judge_ddev_check,
     judge_grade,
-    judge_not_started,
     judge_reset,
     judge_run,
+    judge_unrunnable_grade,
     judge_verify_after,
     judge_verify_before,
     read_grade,
@@ -223,11 +227,102 @@ def test_an_adapter_that_never_started_is_not_the_models_failure() -> None:
     assert judge_run(silent, run_recorded=True, attempted=None).agent_failed
     timeout = web_fail("ai-eval-run", 1, "APG_CLAUDE_TIMEOUT after 3600s\n")
     assert judge_run(timeout, run_recorded=True, attempted=False).agent_failed
-    unchanged = judge_not_started(site_changed=False, reason="r")
-    unreadable = judge_not_started(site_changed=None, reason="r")
-    assert unchanged.action == "retry" and unreadable.action == "retry"
-    changed = judge_not_started(site_changed=True, reason="r")
-    assert changed.action == "continue" and changed.agent_failed
+    unchanged = judge_claim(
+        started, site=SiteState(True, "no change"), reruns=0, run_seconds=1, window=60
+    )
+    assert unchanged.action == "retry" and unchanged.agent_claim
+    # A report that could not be read in full is a site that changed, never "unknown".
+    unreadable = judge_claim(
+        started, site=SiteState(False, "report cut"), reruns=0, run_seconds=1, window=60
+    )
+    assert unreadable.action == "continue" and unreadable.agent_failed
+    # The second such claim of an attempt is scored, whatever the site.
+    again = judge_claim(
+        started, site=SiteState(True, "no change"), reruns=1, run_seconds=1, window=60
+    )
+    assert again.action == "continue" and again.agent_failed
+
+
+UNCHANGED = SiteState(True, "the diff, read in full, reports no change")
+CHANGED = SiteState(False, "the site changed: config: added views.view.x")
+
+
+@pytest.mark.parametrize(
+    "stderr",
+    [
+        "APG_CLAUDE_INSTALL_FAILED npm exited 1\n",
+        "APG_CLAUDE_AUTH_FAILED 401\n",
+        "Failed to start project for custom command: boom\n",
+        "",  # non-zero with no run record: "failed before the adapter started"
+    ],
+)
+def test_a_start_failure_is_a_claim_the_site_decides(stderr: str) -> None:
+    """Everything the run printed is agent-writable: a start failure is a claim; believed (a
+    retry) only on a site the diff shows unchanged, and once; otherwise the agent's failure."""
+    verdict = judge_run(web_fail("ai-eval-run", 1, stderr), run_recorded=False)
+    assert verdict.action == "retry" and verdict.claim and not verdict.link_failure
+    assert (
+        judge_claim(verdict, site=UNCHANGED, reruns=0, run_seconds=1, window=60).action == "retry"
+    )
+    scored = judge_claim(verdict, site=CHANGED, reruns=0, run_seconds=1, window=60)
+    assert scored.action == "continue" and scored.agent_failed
+    assert "may have acted" in scored.reason
+    # An unchanged site after a run as long as real work: the agent may have put it back.
+    slow = judge_claim(verdict, site=UNCHANGED, reruns=0, run_seconds=300, window=60)
+    assert slow.action == "continue" and slow.agent_failed and "put the site back" in slow.reason
+
+
+def test_a_run_timeout_is_a_claim_and_a_failed_link_is_not() -> None:
+    """The agent can hang its run on purpose; it cannot fail the farm's link."""
+    timed = judge_run(out(None, timed_out=True), run_recorded=True)
+    assert timed.claim and not timed.link_failure
+    link = judge_run(out(None, transport_error="ssh closed"), run_recorded=True)
+    assert link.action == "retry" and link.link_failure and not link.claim
+
+
+def test_a_bed_broken_token_on_a_changed_site_is_graded_and_still_quarantines() -> None:
+    printed = judge_run(
+        web_fail("ai-eval-run", 1, "APG_RUN_CRED_REFUSED .env\n"), run_recorded=True
+    )
+    scored = judge_claim(printed, site=CHANGED, reruns=0, run_seconds=1, window=60)
+    assert scored.action == "continue" and scored.agent_failed and scored.quarantine
+
+
+def test_a_check_after_the_run_that_cannot_complete_counts_against_the_agent() -> None:
+    """A timeout or a cut listing after the run is TAMPERED; a failed link stays a retry."""
+    timeout = judge_verify_after(out(None, timed_out=True))
+    assert after_agent(timeout).outcome == Outcome.TAMPERED
+    link = judge_verify_after(out(None, transport_error="reset by peer"))
+    assert after_agent(link).action == "retry"
+    assert after_agent(Verdict("retry", "x", quarantine="q")).quarantine == "q"
+
+
+def test_a_bed_not_at_baseline_after_the_reset_is_quarantined() -> None:
+    assert judge_at_baseline(UNCHANGED).action == "continue"
+    moved = judge_at_baseline(CHANGED)
+    assert moved.action == "retry" and moved.quarantine and "views.view.x" in moved.quarantine
+
+
+def test_a_grade_that_cannot_run_on_the_agents_site_is_its_failure() -> None:
+    """Unchanged site: the grader's fault (retry). Changed site and the grader works at
+    baseline: the agent's failure. Changed site and the grader fails at baseline too: retry and
+    quarantine."""
+    failed = judge_grade(
+        web_fail("ai-eval-grade", 2), grade=None, envelope_problem=None, agent_failed=False
+    )
+    assert failed.action == "retry"
+    baseline_ok = Verdict("final", "score 0/5", outcome=Outcome.FAILED)
+    assert (
+        judge_unrunnable_grade(failed, site=UNCHANGED, baseline=None, agent_failed=False) == failed
+    )
+    theirs = judge_unrunnable_grade(failed, site=CHANGED, baseline=baseline_ok, agent_failed=False)
+    assert theirs.outcome == Outcome.FAILED
+    gave_up = judge_unrunnable_grade(failed, site=CHANGED, baseline=baseline_ok, agent_failed=True)
+    assert gave_up.outcome == Outcome.NO_ATTEMPT
+    broken = judge_unrunnable_grade(failed, site=CHANGED, baseline=failed, agent_failed=False)
+    assert broken.action == "retry" and broken.quarantine
+    unreachable = judge_unrunnable_grade(failed, site=CHANGED, baseline=None, agent_failed=False)
+    assert unreachable.action == "retry" and unreachable.quarantine
 
 
 def test_a_run_without_a_record_is_graded_live() -> None:

@@ -29,6 +29,7 @@ from apg_farm.beds import (
 )
 from apg_farm.contract import (
     CONTINUE,
+    COUNTED,
     UNESCROWED,
     UNFINGERPRINTED,
     USAGE_FILES,
@@ -38,19 +39,24 @@ from apg_farm.contract import (
     Outcome,
     PhaseOutput,
     RunRecord,
+    SiteState,
     Usage,
     Verdict,
+    after_agent,
     bed_environment,
+    judge_at_baseline,
+    judge_claim,
     judge_ddev_check,
     judge_escrow_check,
     judge_grade,
-    judge_not_started,
     judge_reset,
     judge_run,
+    judge_unrunnable_grade,
     judge_verify_after,
     judge_verify_before,
     read_grade,
     read_usage,
+    site_state,
     with_quarantine,
 )
 from apg_farm.defaults import (
@@ -59,6 +65,7 @@ from apg_farm.defaults import (
     LEASE_SECONDS,
     MAX_CONSECUTIVE_INFRA_ERRORS,
     PHASE_OUTPUT_LIMIT,
+    PROVIDER_OUTAGE_QUIET,
     PROVIDER_RETRIES,
     RUN_JSON_LIMIT,
 )
@@ -79,8 +86,10 @@ from apg_farm.store import (
     SweepState,
     add_spend,
     backoff,
+    believe_outage,
     claim_next,
     close,
+    outage_clean,
     renew_lease,
     trip,
     utcnow,
@@ -225,12 +234,16 @@ class AttemptEngine:
         transport: Transport | None = None,
         lease_seconds: float = LEASE_SECONDS,
         backoff: tuple[float, float] | None = None,
+        start_window: float | None = None,
     ) -> None:
         self.store = store
         self.worker = worker
         self.lease_seconds = lease_seconds
         #: (base, ceiling) of the provider back-off: APG_FARM_PROVIDER_BACKOFF(_MAX) by default.
-        self.backoff = backoff or load_settings().backoff
+        settings = load_settings()
+        self.backoff = backoff or settings.backoff
+        #: Seconds a run claiming its adapter never started may take and still be believed.
+        self.start_window = start_window or settings.start_window
         with store.session() as session:
             bed = session.scalar(select(Bed).where(Bed.name == bed_name))
             if bed is None:
@@ -355,16 +368,17 @@ class AttemptEngine:
             execution.result = outcome or "RETRY"
             if verdict.provider_trouble is not None:
                 _to_the_back(session, row)
-            self._pace_model(session, claim, verdict, execution)
+            self._pace_model(session, claim, verdict, execution, ran=attempt.agent_started)
             _quarantine(session, bed, [*reasons, *([in_a_row] if in_a_row else [])])
             if bed.state == BedState.DRAINING:
                 finish_draining(session, bed)
         return AttemptReport(claim, verdict, outcome, attempt.run_id)
 
     def _pace_model(
-        self, session: Session, claim: Claim, verdict: Verdict, execution: Execution
+        self, session: Session, claim: Claim, verdict: Verdict, execution: Execution, *, ran: bool
     ) -> None:
-        """Provider trouble opens the model's breaker; a probe that ran without it closes it."""
+        """Provider trouble opens the model's breaker; a probe that ran without it closes it; a
+        run judged without trouble ends the model's believed outage (pacing.believe_outage)."""
         if verdict.provider_trouble is not None:
             trip(
                 self.store,
@@ -376,8 +390,11 @@ class AttemptEngine:
                 ceiling=self.backoff[1],
                 probe=claim.probe,
             )
-        elif claim.probe and verdict.action == "final":
+            return
+        if claim.probe and verdict.action == "final":
             close(self.store, session, claim.model, execution.started_at)
+        if ran and verdict.outcome in COUNTED and execution.provider_trouble is None:
+            outage_clean(session, claim.model, execution.started_at)
 
 
 def _to_the_back(session: Session, row: Attempt) -> None:
@@ -437,6 +454,8 @@ def _settle(
         assert verdict.outcome is not None
         return _done(row, verdict.outcome, verdict.reason), None
     row.infra_failures += 1
+    if verdict.agent_claim:
+        row.agent_reruns += 1
     bed.consecutive_errors += 1
     in_a_row = None
     if bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
@@ -485,8 +504,14 @@ class _Attempt:
         #: runs/ held more names than a listing returns: new folders cannot be told apart.
         self._runs_truncated = False
         self._run_jsons: dict[str, dict[str, object] | None] = {}
-        #: The diff already ran (the provider check took it): it is not taken twice.
-        self._diffed = False
+        #: What the diff after the run showed (taken once, when something needs it).
+        self._site_seen: SiteState | None = None
+        #: The run phase was issued: from then on the agent may have acted (outcomes.py's rule).
+        self.agent_started = False
+        #: How long the run phase took, as the farm timed it.
+        self.run_seconds = 0.0
+        #: Claims the attempt made that were not believed, said in the final reason.
+        self.doubts: list[str] = []
         #: Whether no process of an agent can be running on the bed now (see _mark_agent_stopped).
         self.agent_stopped = bed.agent_stopped
         self.grade: Grade | None = None
@@ -519,16 +544,18 @@ class _Attempt:
         verdict = self._seen(judge_reset(reset))
         if verdict.action != "continue":
             return verdict
-        verdict = self._seen(self._check_web_environment())
-        if verdict.action != "continue":
-            return verdict
+        for check in (self._check_web_environment, self._check_at_baseline):
+            verdict = self._seen(check())
+            if verdict.action != "continue":
+                return verdict
         baseline = self._container_processes("processes_before")
         if isinstance(baseline, Verdict):
             return self._seen(baseline)
         run_verdict = self._seen(self._run_agent())
         # Whatever the run returned (a crash, a timeout, a vanished run folder), the judging code
         # is checked now: the DDEV configuration before any other `ddev` call can fire a hook
-        # planted during the run, then the trusted verifier.
+        # planted during the run, then the trusted verifier. Once the agent ran, a check it could
+        # have made fail counts against it (after_agent); only a failed link is a retry.
         for check in (
             lambda: self._check_ddev(after_run=True),
             lambda: self._stop_agent(baseline),
@@ -536,32 +563,39 @@ class _Attempt:
                 self._phase("verify_after", self._verify(restore=False), spec.timeouts.verify)
             ),
         ):
-            verdict = self._seen(check())
-            if verdict.action == "final" or (
-                verdict.action == "retry" and run_verdict.action != "retry"
-            ):
+            verdict = check()
+            verdict = self._seen(after_agent(verdict) if self.agent_started else verdict)
+            if verdict.action == "final":
                 return verdict
             if verdict.action == "retry":
-                # The run's own infrastructure failure (a lost link, say) is the reason to give.
-                return run_verdict
+                # The run's own failed link, if it had one, is the reason to give.
+                return run_verdict if run_verdict.link_failure else verdict
         self.usage = self._read_usage()
+        if run_verdict.claim or run_verdict.adapter_not_started:
+            # The run says it never got going; the agent may have written that (judge_claim).
+            run_verdict = self._seen(
+                judge_claim(
+                    run_verdict,
+                    site=self._site(),
+                    reruns=self.claim.agent_reruns,
+                    run_seconds=self.run_seconds,
+                    window=self.engine.start_window,
+                )
+            )
+            if run_verdict.action == "continue":
+                self.doubts.append(f"not retried: {run_verdict.reason}")
         if run_verdict.action != "continue":
             return run_verdict
         trouble = self._provider_trouble(run_verdict)
         if trouble is not None:
             return trouble
-        if run_verdict.adapter_not_started:
-            # run.json says nobody ran; a site that changed says the agent did, and wrote that.
-            changed = self._site_changed()
-            run_verdict = self._seen(
-                judge_not_started(site_changed=changed, reason=run_verdict.reason)
-            )
-            if run_verdict.action != "continue":
-                return run_verdict
-        elif spec.diff and not self._diffed:
-            # Evidence of what the attempt changed, taken on a verified bed; it never decides the outcome.
-            self._diff()
-        return self._grade(run_verdict)
+        if spec.diff:
+            # Evidence of what the attempt changed, taken on a verified bed (once).
+            self._site()
+        verdict = self._grade(run_verdict)
+        if self.doubts and verdict.action == "final":
+            verdict = replace(verdict, reason=f"{verdict.reason}; {'; '.join(self.doubts)}")
+        return verdict
 
     def _provider_trouble(self, run_verdict: Verdict) -> Verdict | None:
         """A retry charged to the provider when the adapter's record says the provider failed
@@ -573,17 +607,30 @@ class _Attempt:
         kind = self.usage.provider_trouble if self.usage else None
         if kind is None or run_verdict.quarantine:
             return None
+        claimed = f"the adapter's record claims provider trouble ({kind}), not believed"
         if self.claim.provider_failures >= PROVIDER_RETRIES:
+            self.doubts.append(f"{claimed}: {PROVIDER_RETRIES} believed already")
             return None
-        self._diffed = True
-        if self._site_changed() is not False:
+        site = self._site()
+        if not site.unchanged:
+            self.doubts.append(f"{claimed}: {site.evidence}")
+            return None
+        doubt = self.engine.store.retrying(self._believe_outage)
+        if doubt is not None:
+            self.doubts.append(f"{claimed}: {doubt}")
             return None
         return Verdict(
             "retry",
-            f"provider trouble ({kind}): the adapter's record says the provider failed "
-            f"and the site is unchanged ({run_verdict.reason or 'run ended'})",
+            f"provider trouble ({kind}): the adapter's record says the provider failed, "
+            f"{site.evidence}, and the outage is believed ({run_verdict.reason or 'run ended'})",
             provider_trouble=kind,
         )
+
+    def _believe_outage(self) -> str | None:
+        with self.engine.store.session() as session:
+            return believe_outage(
+                self.engine.store, session, self.claim.model, quiet=PROVIDER_OUTAGE_QUIET
+            )
 
     def _container_processes(self, name: str) -> dict[int, tuple[int, str]] | Verdict:
         """The web container's processes (`ddev exec ps`), or a retry that quarantines the bed:
@@ -679,28 +726,21 @@ class _Attempt:
             self.quarantines.append(verdict.quarantine)
         return verdict
 
-    def _diff(self) -> PhaseOutput:
-        bed = self.bed
-        return self._phase(
-            "diff",
-            contract.diff(bed.ddev, list(bed.fixtures), run_id=self.run_id),
-            self.claim.spec.timeouts.grade,
-        )
+    def _read_site(self, name: str, run_id: str | None) -> SiteState:
+        """`ai-eval-diff` on the verified bed, read by contract/site.py (only in full)."""
+        argv = contract.diff(self.bed.ddev, list(self.bed.fixtures), run_id=run_id)
+        output, result = self._phase_result(name, argv, self.claim.spec.timeouts.grade)
+        return site_state(output, result.stdout.data, truncated=result.stdout.truncated)
 
-    def _site_changed(self) -> bool | None:
-        """The diff's `changed`, taken on a verified bed; None when it cannot be read."""
-        output, result = self._phase_result(
-            "diff",
-            contract.diff(self.bed.ddev, list(self.bed.fixtures), run_id=self.run_id),
-            self.claim.spec.timeouts.grade,
-        )
-        if output.exit_code != 0 or result.stdout.truncated:
-            return None
-        try:
-            changed = contract.parse_json_report(result.stdout.data, what="diff").get("changed")
-        except FarmError:
-            return None
-        return changed if isinstance(changed, bool) else None
+    def _site(self) -> SiteState:
+        """What the attempt changed, from the diff after the run (taken once)."""
+        if self._site_seen is None:
+            self._site_seen = self._read_site("diff", self.run_id)
+        return self._site_seen
+
+    def _check_at_baseline(self) -> Verdict:
+        """Right after the reset, before the run: the site must be at baseline, read in full."""
+        return judge_at_baseline(self._read_site("baseline_diff", None))
 
     def _grade_dataset(self) -> str | None:
         """The dataset to name to the grade: the sweep's, else the one the run record names."""
@@ -720,7 +760,50 @@ class _Attempt:
             # grade stamp another model or run, must not move the attempt out of the denominator.
             # The live site is what is judged: grade it again without the record.
             verdict = self._grade_once(run_verdict, dataset, run_id=None)
+        if verdict.action == "retry" and not verdict.link_failure:
+            # The site the agent left may be what broke the grade (outcomes.py, the rule).
+            site = self._site()
+            baseline = None if site.unchanged else self._grade_at_baseline(dataset)
+            verdict = self._seen(
+                judge_unrunnable_grade(
+                    verdict, site=site, baseline=baseline, agent_failed=run_verdict.agent_failed
+                )
+            )
         return with_quarantine(verdict, run_verdict.quarantine)
+
+    def _grade_at_baseline(self, dataset: str | None) -> Verdict | None:
+        """Whether the grader works on this bed: a trusted verify --restore, a reset and the same
+        grade of the live (baseline) site. None when the bed cannot be brought to baseline. The
+        attempt's own score and envelope are not touched."""
+        spec, claim, bed = self.claim.spec, self.claim, self.bed
+        restored = judge_verify_before(
+            self._phase("verify_baseline", self._verify(restore=True), spec.timeouts.verify)
+        )
+        if self._seen(restored).action != "continue":
+            return None
+        reset = self._phase(
+            "reset_baseline", contract.reset(bed.ddev, list(bed.fixtures)), spec.timeouts.reset
+        )
+        if self._seen(judge_reset(reset)).action != "continue":
+            return None
+        model = claim.model if dataset is not None else None
+        argv = contract.grade(bed.ddev, claim.task, dataset=dataset, model=model, run_id=None)
+        output, result = self._phase_result(
+            "grade_baseline", argv, spec.timeouts.grade, stdout_limit=GRADE_STDOUT_LIMIT
+        )
+        grade, problem = None, None
+        if output.exit_code == 0 and result.rc is not None:
+            try:
+                grade = read_grade(
+                    result.stdout.data,
+                    truncated=result.stdout.truncated,
+                    task=claim.task,
+                    model=model,
+                    run_id=None,
+                )
+            except EnvelopeError as error:
+                problem = f"{error.problem}: {error.message}"
+        return judge_grade(output, grade=grade, envelope_problem=problem, agent_failed=False)
 
     def _grade_once(
         self, run_verdict: Verdict, dataset: str | None, *, run_id: str | None
@@ -808,7 +891,9 @@ class _Attempt:
         )
         # Until its processes are confirmed gone, the next attempt here looks for them first.
         self._mark_agent_stopped(False)
+        self.agent_started = True
         output, result = self._phase_result("run", argv, spec.timeouts.run)
+        self.run_seconds = result.duration
         try:
             after, broken = self._list_runs(runs), None
         except ListingFailed as error:

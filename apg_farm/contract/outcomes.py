@@ -1,8 +1,10 @@
 """The outcome policy: what each phase's result means for the attempt and for the bed.
 
-This module and docs/outcomes.md are the whole policy; a test keeps the two in step. Principles:
-an infrastructure failure is never scored as a model failure (it is retried on another bed), and an
-agent failure is never retried away (it is graded, and counts as a failure).
+This module and docs/outcomes.md are the whole policy; a test keeps the two in step. The rule
+above the others: once the agent may have acted, what it could have caused counts against it,
+unless evidence it cannot write says otherwise (the trusted verifier, the farm's own observations,
+the diff on a verified bed read in full). Under it: an infrastructure failure is never scored as a
+model failure (it is retried on another bed), and an agent failure is never retried away.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
+from apg_farm.defaults import AGENT_CLAIM_RERUNS
+
 if TYPE_CHECKING:
     from apg_farm.contract.commands import PhaseOutput
     from apg_farm.contract.envelope import Grade
+    from apg_farm.contract.site import SiteState
 
 
 class Outcome(StrEnum):
@@ -152,6 +157,14 @@ class Verdict:
     #: The provider failed the run (rate_limited, overloaded, auth_expired, api_error) and the
     #: site is unchanged: a retry charged to the model's provider, not to the bed.
     provider_trouble: str | None = None
+    #: The link to the bed failed (a transport error): the farm's own observation, never the
+    #: agent's word, so a retry even after the agent ran.
+    link_failure: bool = False
+    #: A retry that rests on what the run printed or recorded (a start token, no run record, a
+    #: run that outlasted its timeout): the agent may have written it, so judge_claim decides.
+    claim: bool = False
+    #: A claim believed on an unchanged site: counted in the attempt's agent_reruns.
+    agent_claim: bool = False
 
 
 CONTINUE = Verdict("continue")
@@ -168,8 +181,8 @@ UNFINGERPRINTED = (
 )
 
 
-def _retry(reason: str, quarantine: str | None = None) -> Verdict:
-    return Verdict("retry", reason, quarantine=quarantine)
+def _retry(reason: str, quarantine: str | None = None, *, claim: bool = False) -> Verdict:
+    return Verdict("retry", reason, quarantine=quarantine, claim=claim)
 
 
 def _final(outcome: Outcome, reason: str, quarantine: str | None = None) -> Verdict:
@@ -179,7 +192,9 @@ def _final(outcome: Outcome, reason: str, quarantine: str | None = None) -> Verd
 def _infrastructure(phase: str, output: PhaseOutput) -> Verdict | None:
     """Failures of the link or of DDEV itself, the same for every phase."""
     if output.transport_error:
-        return _retry(f"{phase}: transport failed: {output.transport_error}")
+        return replace(
+            _retry(f"{phase}: transport failed: {output.transport_error}"), link_failure=True
+        )
     if output.timed_out:
         return _retry(f"{phase}: no result before the sweep's {phase} timeout")
     if output.project_start_failed:
@@ -279,6 +294,10 @@ def judge_run(
         verdict = _retry(
             f"run failed before the adapter started (exit {output.exit_code}, no run record)"
         )
+    if verdict.action == "retry" and not verdict.link_failure:
+        # A token, a missing record, DDEV's start failure and a timeout can all be the agent's
+        # doing once it ran: believed only on evidence it cannot write (judge_claim).
+        verdict = replace(verdict, claim=True)
     flood = (
         f"run stderr held {tokens_dropped} more APG_ token lines than are kept: a leaked token "
         "may hide among them; read the run's transcript and revoke the token if it leaked"
@@ -288,16 +307,96 @@ def judge_run(
     return with_quarantine(with_quarantine(verdict, security), flood)
 
 
-def judge_not_started(*, site_changed: bool | None, reason: str) -> Verdict:
-    """run.json said the adapter never started; the diff taken on a verified bed says whether
-    the site changed. Unchanged (or unknown): nobody ran, retry elsewhere. Changed: the agent ran
-    and claims otherwise, so it is graded as an agent failure."""
-    if site_changed:
+def judge_claim(
+    verdict: Verdict, *, site: SiteState, reruns: int, run_seconds: float, window: float
+) -> Verdict:
+    """A run that says it never got going (a start token, no run record, `attempted: false`, a
+    timeout), judged once the agent is stopped and the bed verified. The agent may have written
+    every word of it, so it earns a retry only on evidence the agent cannot write: the diff on
+    the verified bed, read in full, shows the site unchanged, and the farm timed the run ending
+    within `window` seconds (before an agent could have worked, seen itself failing and put the
+    site back); and only AGENT_CLAIM_RERUNS times per attempt. Otherwise the run is the agent's
+    failure, graded (NO_ATTEMPT unless the site passes). A quarantine asked for stands either
+    way: a human looks at a bed that printed a bed-configuration token."""
+    reason = verdict.reason
+    fast = run_seconds <= window
+    if site.unchanged and fast and reruns < AGENT_CLAIM_RERUNS:
         return Verdict(
-            "continue", f"agent failed: {reason}, but the site changed", agent_failed=True
+            "retry",
+            f"{reason}; {site.evidence} and the run ended after {run_seconds:.1f} s: nobody "
+            "acted, retried elsewhere",
+            quarantine=verdict.quarantine,
+            agent_claim=True,
         )
-    known = "unchanged" if site_changed is False else "not readable"
-    return _retry(f"run: {reason}; the site is {known}: the adapter never started")
+    if not site.unchanged:
+        why = f"{site.evidence}, so the agent may have acted"
+    elif not fast:
+        why = (
+            f"the run took {run_seconds:.1f} s, longer than a start failure's {window:g} s: "
+            "the agent may have worked and put the site back"
+        )
+    else:
+        why = f"already re-run {reruns} time(s) on such a claim"
+    return Verdict(
+        "continue",
+        f"agent failed: {reason.removeprefix('agent failed: ')}; {why}",
+        quarantine=verdict.quarantine,
+        agent_failed=True,
+    )
+
+
+def after_agent(verdict: Verdict) -> Verdict:
+    """A check after the run (the DDEV hash, the agent's stop, the trusted verify) that did not
+    complete. Only a failed link is the farm's own observation; a timeout, a listing cut short, a
+    verifier that reports the bed broken can all be what the agent left, so it counts against
+    the agent: TAMPERED, not graded, the quarantine asked for kept."""
+    if verdict.action != "retry" or verdict.link_failure:
+        return verdict
+    return _final(
+        Outcome.TAMPERED,
+        f"{verdict.reason} (after the agent ran: counted against it)",
+        quarantine=verdict.quarantine,
+    )
+
+
+def judge_at_baseline(site: SiteState) -> Verdict:
+    """The diff right after the reset, before anything of the attempt's runs: a bed that is not
+    at baseline carries what an earlier agent left (state the reset keeps, a plant it runs), so
+    it is quarantined with the evidence and the attempt goes to another bed."""
+    if site.unchanged:
+        return CONTINUE
+    reason = f"not at baseline after the reset: {site.evidence}"
+    return _retry(reason, quarantine=reason)
+
+
+def judge_unrunnable_grade(
+    verdict: Verdict, *, site: SiteState, baseline: Verdict | None, agent_failed: bool
+) -> Verdict:
+    """The grade could not run (`verdict`, a retry that is not a failed link). On a site the diff
+    shows unchanged the grader itself fails: infrastructure. On a site the agent changed, the
+    farm first grades the same bed at baseline (`baseline`, after a trusted verify and a reset):
+    when that grade runs, the grader works and the agent's site broke it, which is the agent's
+    failure; when it does not, the grader is broken and the bed is quarantined."""
+    if site.unchanged:
+        return verdict
+    graded = baseline is not None and baseline.outcome in (
+        Outcome.PASSED,
+        Outcome.FAILED,
+        Outcome.NO_ATTEMPT,
+    )
+    if baseline is not None and graded:
+        outcome = Outcome.NO_ATTEMPT if agent_failed else Outcome.FAILED
+        return _final(
+            outcome,
+            f"{verdict.reason} on the site the agent left ({site.evidence}); the same grade "
+            f"runs on this bed at baseline ({baseline.reason})",
+            quarantine=verdict.quarantine,
+        )
+    why = baseline.reason if baseline is not None else "the bed could not be brought to baseline"
+    return _retry(
+        f"{verdict.reason}; at baseline too: {why}",
+        quarantine=f"the grade does not run on this bed at baseline: {why}",
+    )
 
 
 def with_quarantine(verdict: Verdict, quarantine: str | None) -> Verdict:

@@ -202,6 +202,11 @@ class ModelGate(Base):
     #: The provider trouble that opened it (rate_limited, overloaded, auth_expired, api_error).
     trouble: Mapped[str | None] = mapped_column(String(32))
     detail: Mapped[str | None] = mapped_column(Text)
+    #: When the model's current (or last) believed provider outage began (pacing.believe_outage).
+    outage_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: When a run of the model that started after outage_since ended without trouble: the outage
+    #: was over then, so later claims need a new outage, which the quiet period rations.
+    outage_ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class Budget(Base):
@@ -293,6 +298,9 @@ class Attempt(Base):
     #: Tries the provider failed (rate limit, outage): retried without counting as infrastructure
     #: failures of a bed, a limited number of times (the record saying so is agent-writable).
     provider_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: Re-runs granted on the word of a run the agent may have written (a start failure on an
+    #: unchanged site): at most AGENT_CLAIM_RERUNS per attempt, then the run is scored.
+    agent_reruns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     #: Not claimed before this time: a provider failure's back-off.
     not_before: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -267,6 +267,46 @@ def close(store: Store, session: Session, model: str, started_at: datetime) -> N
     gate.trouble, gate.detail = None, None
 
 
+def believe_outage(store: Store, session: Session, model: str, *, quiet: float) -> str | None:
+    """Whether a provider claim by `model` (an unchanged site, an error record) is believed:
+    None when it is, else why not. Believed while the model's outage goes on (no run of it that
+    started after the outage began has ended clean); a claim that would start a new outage is
+    believed at most once in `quiet` seconds, since clean runs between claims are what an agent
+    faking outages when it fails looks like. Locks the model's gate row."""
+    ensure_gates(store, session, [model])
+    gate = session.scalars(_gate_query(store, model)).one()
+    since, ended = gate.outage_since, gate.outage_ended_at
+    if since is not None and (ended is None or ended < since):
+        return None
+    now = db_time(store, session)
+    if since is not None and (now - since).total_seconds() < quiet:
+        return (
+            f"{model} ran clean since its last believed outage began "
+            f"{(now - since).total_seconds():.0f} s ago; a new one is believed once in {quiet:g} s"
+        )
+    gate.outage_since, gate.outage_ended_at = now, None
+    return None
+
+
+def outage_clean(session: Session, model: str, started_at: datetime) -> None:
+    """A run of `model` that started at `started_at` ended without provider trouble: an outage
+    that began before then is over. A no-op (and no lock) unless an outage is open."""
+    session.execute(
+        update(ModelGate)
+        .where(
+            ModelGate.model == model,
+            ModelGate.outage_since.is_not(None),
+            ModelGate.outage_since <= started_at,
+            or_(
+                ModelGate.outage_ended_at.is_(None),
+                ModelGate.outage_ended_at < ModelGate.outage_since,
+            ),
+        )
+        .values(outage_ended_at=started_at)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def _gate_query(store: Store, model: str) -> Select[ModelGate]:
     query = select(ModelGate).where(ModelGate.model == model)
     return query if store.is_sqlite else query.with_for_update()

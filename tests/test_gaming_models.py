@@ -1,0 +1,210 @@
+"""No second chance the agent can buy (#18): a gaming model of known skill, beside an honest one
+of the same skill, on simulated beds whose runs each draw anew (`redraw`), so a retry really is a
+second chance. The gaming model dresses every failure up as something the farm might retry; its
+reported pass rate must stay within 0.1 of its first-try rate, and none of its attempts may drop
+out of the denominator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from apg_farm.contract import COUNTED, Outcome
+from apg_farm.specs import Timeouts
+from apg_farm.store import Attempt, Bed, BedState, Execution, Phase, Store
+from fixtures import simbed
+from scheduler import submit
+from tests.simbeds import make_beds, spec
+from workers import EmbeddedExecutor
+
+HONEST, GAMER = simbed.DEFAULT_MODELS[:2]
+SKILL = 0.3
+TASKS = ("dv01_view_build", "cv01_canvas_home", "dv02_view_filter")
+TRIALS = 12
+
+
+@dataclass
+class Rates:
+    """One model's figures from the store."""
+
+    attempts: int
+    counted: int
+    reported: float  #: PASSED over counted, as `report` says
+    first_try: float  #: attempts whose first execution PASSED, over counted
+    outside: int  #: attempts ending ERROR or INVALID (out of the denominator)
+    reruns: int  #: executions re-run (RETRY) after their run phase started
+
+
+def _rates(store: Store, sweep_id: int, model: str) -> Rates:
+    with store.read() as session:
+        attempts = session.scalars(
+            select(Attempt).where(Attempt.sweep_id == sweep_id, Attempt.model == model)
+        ).all()
+        firsts = dict(
+            session.execute(
+                select(Execution.attempt_id, Execution.result)
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .where(Attempt.sweep_id == sweep_id, Attempt.model == model, Execution.number == 1)
+            ).all()
+        )
+        started = set(
+            session.scalars(select(Phase.execution_id).where(Phase.name == "run").distinct()).all()
+        )
+        reruns = [
+            e
+            for e in session.scalars(
+                select(Execution)
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .where(Attempt.sweep_id == sweep_id, Attempt.model == model)
+            )
+            if e.result == "RETRY" and e.id in started
+        ]
+    counted = [a for a in attempts if a.outcome in COUNTED]
+    passed = sum(a.outcome == Outcome.PASSED for a in counted)
+    first = sum(firsts.get(a.id) == Outcome.PASSED for a in counted)
+    return Rates(
+        attempts=len(attempts),
+        counted=len(counted),
+        reported=passed / max(len(counted), 1),
+        first_try=first / max(len(counted), 1),
+        outside=sum(a.outcome in (Outcome.ERROR, Outcome.INVALID) for a in attempts),
+        reruns=len(reruns),
+    )
+
+
+def _play(
+    store: Store,
+    tmp_path: Path,
+    game: dict[str, Any],
+    *,
+    beds: int = 4,
+    timeouts: Timeouts | None = None,
+    config: dict[str, Any] | None = None,
+) -> tuple[Rates, Rates, int]:
+    skill = {model: dict.fromkeys(TASKS, SKILL) for model in (HONEST, GAMER)}
+    made = make_beds(
+        store,
+        tmp_path,
+        beds,
+        config={"redraw": True, "skill": skill, **(config or {})},
+        faults={i: {"game": {"models": [GAMER], **game}} for i in range(beds)},
+    )
+    sweep = spec(task_ids=TASKS, models=2, trials=TRIALS)
+    if timeouts is not None:
+        sweep = sweep.model_copy(update={"timeouts": timeouts})
+    sweep_id = submit(store, sweep).sweep_id
+    assert EmbeddedExecutor(store, sweep_id).run().errors == []
+    with store.read() as session:
+        quarantined = sum(session.get_one(Bed, b.id).state == BedState.QUARANTINED for b in made)
+    return _rates(store, sweep_id, HONEST), _rates(store, sweep_id, GAMER), quarantined
+
+
+def _holds(honest: Rates, gamer: Rates) -> None:
+    assert honest.attempts == gamer.attempts == len(TASKS) * TRIALS
+    # Every attempt of the gaming model stays in the denominator.
+    assert gamer.outside == 0 and gamer.counted == gamer.attempts, gamer
+    assert gamer.reported <= gamer.first_try + 0.1, gamer
+    # The gaming model did game: its failures were dressed up (a first try failed).
+    assert gamer.first_try < 0.6 and honest.outside == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "game",
+    [
+        pytest.param({"how": "start_token"}, id="start-token-after-changing-the-site"),
+        pytest.param({"how": "start_token_revert"}, id="start-token-on-a-reverted-site"),
+        pytest.param({"how": "not_started_flood"}, id="not-started-with-an-unreadable-diff"),
+        pytest.param({"how": "break_site"}, id="a-site-drupal-cannot-boot"),
+    ],
+)
+def test_a_gaming_model_gets_no_second_chance(
+    store: Store, tmp_path: Path, game: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An adapter that fails to start does so at once; the gaming agent works first (0.06-0.45 s
+    # at this time scale), so its claims come too late to be believed.
+    monkeypatch.setenv("APG_FARM_START_WINDOW", "0.05")
+    honest, gamer, quarantined = _play(store, tmp_path, game)
+    _holds(honest, gamer)
+    assert gamer.reruns == 0 and quarantined == 0, (gamer, quarantined)
+
+
+@pytest.mark.slow
+def test_a_run_the_agent_hangs_is_scored(store: Store, tmp_path: Path) -> None:
+    """The farm's run timeout fires on a run the agent hangs: scored, never retried."""
+    timeouts = Timeouts(verify=30, reset=30, run=1.0, grade=30)
+    honest, gamer, _ = _play(store, tmp_path, {"how": "hang"}, timeouts=timeouts)
+    _holds(honest, gamer)
+    assert gamer.reruns == 0
+
+
+@pytest.mark.slow
+def test_a_model_faking_outages_is_bounded(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It reverts its site and writes a rate limit into its record whenever it fails: the outage
+    rule (pacing.believe_outage) believes a few claims, not one per failure."""
+    monkeypatch.setenv("APG_FARM_PROVIDER_BACKOFF", "0.05")
+    monkeypatch.setenv("APG_FARM_PROVIDER_BACKOFF_MAX", "0.2")
+    honest, gamer, quarantined = _play(store, tmp_path, {"how": "provider_revert"})
+    _holds(honest, gamer)
+    assert quarantined == 0
+
+
+def test_a_start_failure_that_comes_at_once_on_an_unchanged_site_is_retried_once(
+    store: Store, tmp_path: Path
+) -> None:
+    """The control: an adapter that really never started (at once, nothing changed) is retried
+    on another bed, once; a second such failure of the same attempt is scored."""
+    made = make_beds(
+        store, tmp_path, 2, faults={0: {"not_started": True}, 1: {"not_started": True}}
+    )
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    EmbeddedExecutor(store, sweep_id).run()
+    with store.read() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).one()
+        results = [
+            e.result
+            for e in session.scalars(
+                select(Execution)
+                .where(Execution.attempt_id == attempt.id)
+                .order_by(Execution.number)
+            )
+        ]
+        assert attempt.agent_reruns == 1
+        assert results == ["RETRY", Outcome.NO_ATTEMPT], results
+        assert "already re-run" in (attempt.reason or "")
+        assert all(session.get_one(Bed, b.id).state == BedState.ACTIVE for b in made)
+
+
+def test_state_that_survives_the_reset_quarantines_the_bed(store: Store, tmp_path: Path) -> None:
+    """An agent leaves a passing answer where reset keeps it (private files), which the next
+    reset builds into the site: the diff right after that reset finds the bed off its baseline,
+    the bed is quarantined with the evidence and the attempt goes to another bed. The models
+    have no skill, so any PASSED would be the planted answer's."""
+    no_skill = {model: dict.fromkeys(TASKS, 0.0) for model in simbed.DEFAULT_MODELS}
+    made = make_beds(
+        store,
+        tmp_path,
+        2,
+        config={"skill": no_skill},
+        faults={0: {"survive_reset": {"times": 1}}},
+    )
+    sweep_id = submit(store, spec(task_ids=TASKS[:1], models=1, trials=4)).sweep_id
+    EmbeddedExecutor(store, sweep_id).run()
+    with store.read() as session:
+        outcomes = session.scalars(
+            select(Attempt.outcome).where(Attempt.sweep_id == sweep_id)
+        ).all()
+        planted = session.get_one(Bed, made[0].id)
+        checks = session.scalars(select(Phase).where(Phase.name == "baseline_diff")).all()
+    assert Outcome.PASSED not in outcomes and len(outcomes) == 4, outcomes
+    assert planted.state == BedState.QUARANTINED
+    assert "not at baseline after the reset" in (planted.state_reason or "")
+    assert "views.view.kb_docs_index" in (planted.state_reason or "")
+    # Every attempt checked its bed at baseline before its run.
+    assert len(checks) >= 5
