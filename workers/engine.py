@@ -489,6 +489,8 @@ class _Attempt:
         self._diffed = False
         #: Whether no process of an agent can be running on the bed now (see _mark_agent_stopped).
         self.agent_stopped = bed.agent_stopped
+        #: The run phase's command was issued: a retry from here on is a second chance.
+        self.agent_started = False
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
@@ -808,6 +810,7 @@ class _Attempt:
         )
         # Until its processes are confirmed gone, the next attempt here looks for them first.
         self._mark_agent_stopped(False)
+        self.agent_started = True
         output, result = self._phase_result("run", argv, spec.timeouts.run)
         try:
             after, broken = self._list_runs(runs), None
@@ -968,6 +971,7 @@ class _Attempt:
         execution.run_id = self.run_id
         execution.bed_seconds = self.bed_seconds
         execution.reason = verdict.reason
+        execution.agent_started = self.agent_started
         if self.grade is not None:
             execution.score = self.grade.score
             execution.max_score = self.grade.max_score
