@@ -16,10 +16,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("executions") as batch:
-        batch.add_column(
-            sa.Column("agent_started", sa.Boolean(), nullable=False, server_default=sa.false())
-        )
+    # A plain ADD COLUMN (a constant default needs no table copy on SQLite: a batch copy would
+    # drop `executions` under the phases' foreign keys).
+    op.add_column(
+        "executions",
+        sa.Column("agent_started", sa.Boolean(), nullable=False, server_default=sa.false()),
+    )
     # Before this column, an execution whose agent started is one that recorded its run phase.
     op.execute(
         "UPDATE executions SET agent_started = TRUE WHERE EXISTS (SELECT 1 FROM phases p"
