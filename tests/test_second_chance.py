@@ -21,7 +21,6 @@ from apg_farm.errors import BadInput
 from apg_farm.results import (
     analyse,
     compare,
-    find_sweep,
     parse_rerun_share,
     render_html,
     report_csv,
