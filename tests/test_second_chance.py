@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -86,6 +85,10 @@ def test_rerun_kind_classifies_the_reasons() -> None:
 # --- a store built by hand ------------------------------------------------------------------------
 
 
+#: One execution: (result, agent_started, reason, provider_trouble).
+Try = tuple[str | None, bool, str | None, str | None]
+
+
 def _bed(session: Any, name: str = "b0") -> int:
     bed = Bed(name=name, approot="/x", fixtures=[], pool="p")
     session.add(bed)
@@ -114,7 +117,7 @@ def _attempt(
     model: str,
     trial: int,
     outcome: str | None,
-    tries: list[tuple[str | None, bool, str | None, str | None]],
+    tries: list[Try],
 ) -> None:
     """An attempt with its executions: (result, agent_started, reason, provider_trouble)."""
     attempt = Attempt(
@@ -165,7 +168,7 @@ BEFORE_RUN = ("RETRY", False, "reset: transport failed: gone", None)
 LOST = ("LOST", True, "lease expired: the bed or its worker stopped answering", None)
 
 
-def graded(outcome: str) -> tuple[str, bool, str, None]:
+def graded(outcome: str) -> Try:
     return (outcome, True, "graded", None)
 
 
@@ -174,7 +177,10 @@ def build(store: Store, name: str = "sc") -> int:
     with store.session() as session:
         bed = _bed(session)
         sid = _sweep(session, name, ["t1", "t2"], ["ma", "mb"])
-        add = lambda *a: _attempt(session, sid, bed, *a)  # noqa: E731
+
+        def add(task: str, model: str, trial: int, outcome: str | None, tries: list[Try]) -> None:
+            _attempt(session, sid, bed, task, model, trial, outcome, tries)
+
         # t1 ma: 4 counted; one PASSED after a provider-trouble re-run, one PASSED after a retry
         # before the run (not a second chance), one PASSED clean, one FAILED clean.
         add("t1", "ma", 1, "PASSED", [PROVIDER, graded("PASSED")])
@@ -206,7 +212,8 @@ def report(store: Store) -> dict[str, Any]:
 
 def _cell(report: dict[str, Any], task: str, model: str) -> dict[str, Any]:
     [cell] = [c for c in report["cells"] if (c["task"], c["model"]) == (task, model)]
-    return cell
+    found: dict[str, Any] = cell
+    return found
 
 
 def test_figures_per_cell_model_and_sweep(report: dict[str, Any]) -> None:
@@ -380,9 +387,6 @@ def test_backfill_marks_executions_with_a_run_phase(tmp_path: Path) -> None:
 
 # --- a real sweep: the adapter "never started" after the run phase began, once ---------------------
 
-Cli = Callable[..., tuple[str, str]]
-
-
 def test_an_embedded_sweep_reports_its_rerun_and_gates_on_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -408,7 +412,7 @@ def test_an_embedded_sweep_reports_its_rerun_and_gates_on_it(
     # The engine's flag is what the phases show, for every execution.
     assert all(started == has_run for _, _, started, has_run in rows), rows
     [retry] = [r for r in rows if r[0] == "RETRY"]
-    assert retry[2] is True and "never started" in retry[1]
+    assert retry[2] is True and "never started" in str(retry[1])
 
     for name in ("APG_FARM_DATABASE_URL", "APG_FARM_BROKER_URL"):
         monkeypatch.delenv(name, raising=False)
