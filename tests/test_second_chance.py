@@ -387,6 +387,7 @@ def test_backfill_marks_executions_with_a_run_phase(tmp_path: Path) -> None:
 
 # --- a real sweep: the adapter "never started" after the run phase began, once ---------------------
 
+
 def test_an_embedded_sweep_reports_its_rerun_and_gates_on_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
