@@ -223,6 +223,9 @@ def test_numbers_equal_the_report_json(server: Server, farm: DashFarm) -> None:
     assert json.loads(client.get(f"/api/sweeps/{sweep_id}/report").body) == report
     page = client.get(f"/sweeps/{sweep_id}").body
     assert 'id="forest-plot"' in page
+    # The second-chance bias, as the report states it (the API's JSON has `second_chance`).
+    assert 'id="second-chance-models-table"' in page and 'id="rerun-share"' in page
+    assert "second_chance" in report and "lower_bound_rate" in report["models"][0]
     assert page.count('class="point"') == len(report["cells"])
     for cell in report["cells"]:
         attrs = f'data-task="{html.escape(cell["task"])}" data-model="{html.escape(cell["model"])}"'

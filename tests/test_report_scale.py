@@ -36,6 +36,7 @@ from apg_farm.results.analysis import (
 )
 from apg_farm.results.costs import COST_KEYS
 from apg_farm.results.report import CELL_COUNTS
+from apg_farm.results.second_chance import CELL_KEYS as SECOND_CHANCE_KEYS
 from apg_farm.results.stats import holm, paired_comparison, quantile, wilson
 from apg_farm.store import Attempt, Bed, BedEvent, Execution, Phase, Store, Sweep
 from bench.report_bench import T0, build_sweep
@@ -372,8 +373,10 @@ def _without_costs(report: dict[str, Any]) -> dict[str, Any]:
     """The report as the row-by-row oracle knows it: cost figures came later (costs.py has its
     own tests, against the executions' sums)."""
     for row in (*report["cells"], *report["models"]):
-        for key in COST_KEYS:
+        for key in (*COST_KEYS, *SECOND_CHANCE_KEYS):
             row.pop(key, None)
+    # As the second-chance figures (second_chance.py, tests/test_second_chance.py).
+    report.pop("second_chance", None)
     return report
 
 

@@ -514,6 +514,8 @@ class _Attempt:
         self.doubts: list[str] = []
         #: Whether no process of an agent can be running on the bed now (see _mark_agent_stopped).
         self.agent_stopped = bed.agent_stopped
+        #: The run phase's command was issued: a retry from here on is a second chance.
+        self.agent_started = False
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
@@ -1053,6 +1055,7 @@ class _Attempt:
         execution.run_id = self.run_id
         execution.bed_seconds = self.bed_seconds
         execution.reason = verdict.reason
+        execution.agent_started = self.agent_started
         if self.grade is not None:
             execution.score = self.grade.score
             execution.max_score = self.grade.max_score

@@ -31,6 +31,12 @@ COST_HELP = (
     "cost is reported, not failed."
 )
 
+#: Help of --max-rerun-share on check.
+RERUN_HELP = (
+    "Fail (exit 1) when more than this fraction (in [0, 1]) of the candidate's attempts that "
+    "reached the run phase were run again after their agent started (rerun_share)."
+)
+
 baseline_app = typer.Typer(help="Promote sweeps to baselines and list them.", no_args_is_help=True)
 
 
@@ -97,6 +103,7 @@ def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None)
         out.print(report_table(report))
         if any(row.get("cost_usd") is not None for row in report["models"]):
             out.print(cost_table(report))
+        out.print(second_chance_table(report))
         if report["comparisons"]:
             out.print(comparisons_table(report))
         for warning in report["provenance"]["warnings"]:
@@ -135,6 +142,45 @@ def _warn_without_worker(store: Store, sweep_id: int) -> None:
     # Distributed mode: work left in a pool no live worker serves will not move by itself.
     if problem := sweep_without_worker(store, sweep_id):
         err.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
+
+
+def _rate_ci(rate: float | None, low: float | None, high: float | None) -> str:
+    return "—" if rate is None else f"{_pct(rate)} [{_pct(low)}–{_pct(high)}]"
+
+
+def _kinds(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (row.get("reruns_by_kind") or {}).items()) or "—"
+
+
+def second_chance_table(report: dict[str, Any]) -> Table:
+    """Per model: re-runs after the agent started, and the pass rate with them as failures."""
+    totals = report.get("second_chance") or {}
+    table = Table(title="second-chance bias (re-runs after the agent started)")
+    table.add_column("model", no_wrap=True)
+    for name in ("started", "re-run", "re-runs", "kinds", "reported", "lower bound"):
+        table.add_column(name, justify="right" if name != "kinds" else "left")
+    for row in report["models"]:
+        table.add_row(
+            row["model"],
+            str(row.get("started_attempts", 0)),
+            str(row.get("rerun_attempts", 0)),
+            str(row.get("reruns", 0)),
+            _kinds(row),
+            _rate_ci(row.get("pass_rate"), row.get("ci_low"), row.get("ci_high")),
+            _rate_ci(
+                row.get("lower_bound_rate"),
+                row.get("lower_bound_ci_low"),
+                row.get("lower_bound_ci_high"),
+            ),
+        )
+    share = totals.get("rerun_share")
+    table.caption = (
+        f"re-run share {'—' if share is None else f'{share:.1%}'}: "
+        f"{totals.get('rerun_attempts', 0)} of {totals.get('started_attempts', 0)} attempts that "
+        "reached the run phase were run again after it (RETRY or LOST); the lower bound counts "
+        "them as failures, ERROR and INVALID ones added to n."
+    )
+    return table
 
 
 def cost_table(report: dict[str, Any]) -> Table:
@@ -189,6 +235,50 @@ def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:
     return tables
 
 
+def compare_second_chance_table(result: dict[str, Any]) -> Table:
+    """Per model, each side's re-runs after the agent started and its lower-bound pass rate."""
+    table = Table(title="second-chance bias per model (re-runs after the agent started)")
+    table.add_column("model", no_wrap=True)
+    for name in (
+        "A re-run/started",
+        "A",
+        "A lower bound",
+        "B re-run/started",
+        "B",
+        "B lower bound",
+    ):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in result["models"]:
+        sides = []
+        for side in ("a", "b"):
+            r = row[side]
+            counts = (
+                "—"
+                if r.get("rerun_attempts") is None
+                else f"{r['rerun_attempts']}/{r['started_attempts']}"
+            )
+            sides += [
+                counts,
+                _rate_ci(r["rate"], r["ci_low"], r["ci_high"]),
+                _rate_ci(
+                    r.get("lower_bound_rate"),
+                    r.get("lower_bound_ci_low"),
+                    r.get("lower_bound_ci_high"),
+                ),
+            ]
+        table.add_row(row["model"], *sides)
+    shares = result.get("second_chance", {})
+    table.caption = "rerun_share: " + ", ".join(
+        f"{side.upper()} {_share((shares.get(side) or {}).get('rerun_share'))}"
+        for side in ("a", "b")
+    )
+    return table
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
 def compare_cmd(
     a: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
     b: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
@@ -233,6 +323,7 @@ def compare_cmd(
         err.print(f"[yellow]provenance changed:[/] {escape(change)}")
     for problem in (*side_a.problems, *side_b.problems):
         err.print(f"[red]evidence does not verify:[/] {escape(problem)}", soft_wrap=True)
+    out.print(compare_second_chance_table(result))
     if cost is None:
         return
     for line in cost.within:
@@ -338,19 +429,24 @@ def check_cmd(
     max_cost_increase: Annotated[
         str | None, typer.Option(help=COST_HELP, metavar="FRACTION")
     ] = None,
+    max_rerun_share: Annotated[
+        str | None, typer.Option(help=RERUN_HELP, metavar="FRACTION")
+    ] = None,
 ) -> None:
-    """Regression gate: exit 0 if the candidate holds up, 1 on a regression (pass rate, or cost with --max-cost-increase), a new indispensable failure or evidence that does not verify, 2 on bad input."""
+    """Regression gate: exit 0 if the candidate holds up, 1 on a regression (pass rate, cost with --max-cost-increase, re-runs after the agent started with --max-rerun-share), a new indispensable failure or evidence that does not verify, 2 on bad input."""
     from apg_farm.results import (
         CheckPolicy,
         check_regression,
         load_side,
         parse_cost_increase,
         parse_indispensable,
+        parse_rerun_share,
     )
 
     if fmt not in ("text", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
     allowed = parse_cost_increase(max_cost_increase)
+    rerun_allowed = parse_rerun_share(max_rerun_share)
     gates = parse_indispensable(indispensable or [])
     base, cand = load_side(baseline, open_store), load_side(candidate, open_store)
     policy = CheckPolicy(
@@ -359,6 +455,7 @@ def check_cmd(
         max_error=max_error,
         significant_only=significant_only,
         max_cost_increase=allowed,
+        max_rerun_share=rerun_allowed,
     )
     verdict = check_regression(base, cand, policy, indispensable=gates)
     if fmt == "json":

@@ -36,7 +36,14 @@ from apg_farm.dashboard.auth import (
 )
 from apg_farm.dashboard.context import Dashboard, Options, dashboard_of, logged_in, may_read
 from apg_farm.errors import BadInput, FarmError, NotFound
-from apg_farm.results import analyse, cost_section, find_sweep, forest_plot, usd
+from apg_farm.results import (
+    analyse,
+    cost_section,
+    find_sweep,
+    forest_plot,
+    second_chance_section,
+    usd,
+)
 from apg_farm.store import Store
 
 HERE = Path(__file__).resolve().parent
@@ -226,6 +233,7 @@ def sweep_page(request: Request) -> Response:
             # Built by apg_farm.results with every string escaped (html.escape): markup as is.
             "forest_svg": Markup(forest_plot(report)),
             "cost_html": Markup(cost_section(report)),
+            "second_chance_html": Markup(second_chance_section(report)),
             "done": request.query_params.get("done", ""),
             "count": _int_param(request, "n"),
         },

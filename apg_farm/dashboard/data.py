@@ -378,6 +378,7 @@ def attempt_detail(store: Store, attempt_id: int) -> dict[str, Any]:
                     },
                     "turns": execution.turns,
                     "adapter_status": execution.adapter_status,
+                    "agent_started": execution.agent_started,
                     "provider_trouble": execution.provider_trouble,
                     # Stored verbatim as bytes; shown as text (bad UTF-8 replaced, never trusted).
                     "envelope": None

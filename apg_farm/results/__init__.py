@@ -20,7 +20,12 @@ from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
 from apg_farm.results.export import export_eee, model_slug
-from apg_farm.results.html_report import cost_section, forest_plot, render_html
+from apg_farm.results.html_report import (
+    cost_section,
+    forest_plot,
+    render_html,
+    second_chance_section,
+)
 from apg_farm.results.queries import group_quantiles
 from apg_farm.results.regression import (
     CheckPolicy,
@@ -29,6 +34,8 @@ from apg_farm.results.regression import (
     check_regression,
     cost_findings,
     parse_cost_increase,
+    parse_rerun_share,
+    rerun_share_findings,
 )
 from apg_farm.results.report import CELL_COUNTS, find_sweep, sweep_report
 from apg_farm.results.sealing import (
@@ -85,6 +92,7 @@ __all__ = [
     "pareto_front",
     "parse_cost_increase",
     "parse_indispensable",
+    "parse_rerun_share",
     "pass_at_k",
     "pass_hat_k",
     "quantile",
@@ -92,8 +100,10 @@ __all__ = [
     "render_html",
     "render_watch",
     "report_csv",
+    "rerun_share_findings",
     "seal",
     "seal_directory",
+    "second_chance_section",
     "sweep_report",
     "usd",
     "verify_seal",

@@ -23,6 +23,7 @@ from apg_farm.contract import Outcome
 from apg_farm.results import queries
 from apg_farm.results.costs import add_costs
 from apg_farm.results.report import CELL_COUNTS, report_from_cells
+from apg_farm.results.second_chance import add_second_chance
 from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
 from apg_farm.store import Bed, BedEvent, Store, Sweep
 
@@ -317,6 +318,8 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
     )
     with store.read() as session:
         add_costs(session, sweep.id, report)
+        # Re-runs after the agent started, and the pass rate with them counted as failures.
+        add_second_chance(session, sweep.id, report)
     report["sweep"].update(
         {
             "trials": trials,

@@ -23,7 +23,16 @@ FORMAT = "apg-farm-baseline/1"
 #: Baseline names become file names: keep them portable.
 
 #: Keys of an analysis a baseline keeps; phases and beds describe the farm, not the models.
-_KEPT = ("sweep", "k", "outcomes", "cells", "models", "comparisons", "provenance")
+_KEPT = (
+    "sweep",
+    "k",
+    "outcomes",
+    "cells",
+    "models",
+    "comparisons",
+    "provenance",
+    "second_chance",
+)
 
 
 def content_digest(doc: dict[str, Any]) -> str:

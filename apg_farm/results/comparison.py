@@ -5,7 +5,8 @@ A "side" is a summary with the keys of an analysis (`sweep`, `outcomes`, `cells`
 B minus A, each with Newcombe's interval for independent samples: two sweeps are two separate
 samples of the same models, so nothing pairs their trials. Each side also carries its **cost per
 execution** (total cost ÷ priced executions), per model pooled over the tasks both sides ran and
-both priced, for `--max-cost-increase`.
+both priced, for `--max-cost-increase`, and its second-chance figures (re-runs after the agent
+started, the lower-bound pass rate; `second_chance`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,29 @@ def _cost(cells: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _second_chance(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Re-runs after the agent started and the lower-bound rate over cells (None: not recorded,
+    as in a baseline promoted before they were kept)."""
+    if not cells or any("lower_bound_n" not in c for c in cells):
+        return {
+            "rerun_attempts": None,
+            "started_attempts": None,
+            "lower_bound_rate": None,
+            "lower_bound_ci_low": None,
+            "lower_bound_ci_high": None,
+        }
+    n = sum(int(c["lower_bound_n"]) for c in cells)
+    passed = sum(int(c["lower_bound_passed"]) for c in cells)
+    low, high = wilson(passed, n)
+    return {
+        "rerun_attempts": sum(int(c["rerun_attempts"]) for c in cells),
+        "started_attempts": sum(int(c["started_attempts"]) for c in cells),
+        "lower_bound_rate": passed / n if n else None,
+        "lower_bound_ci_low": low if n else None,
+        "lower_bound_ci_high": high if n else None,
+    }
+
+
 def _fingerprints(summary: dict[str, Any], key: str) -> list[str]:
     return sorted(summary.get("provenance", {}).get("fingerprints", {}).get(key, {}))
 
@@ -110,8 +134,20 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             {
                 "task": key[0],
                 "model": key[1],
-                "a": {**ra, "invalid": ca["invalid"], "error": ca["error"], **_cost([ca])},
-                "b": {**rb, "invalid": cb["invalid"], "error": cb["error"], **_cost([cb])},
+                "a": {
+                    **ra,
+                    "invalid": ca["invalid"],
+                    "error": ca["error"],
+                    **_cost([ca]),
+                    **_second_chance([ca]),
+                },
+                "b": {
+                    **rb,
+                    "invalid": cb["invalid"],
+                    "error": cb["error"],
+                    **_cost([cb]),
+                    **_second_chance([cb]),
+                },
                 **_diff(ra, rb),
             }
         )
@@ -129,6 +165,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         for index, side in enumerate(("a", "b")):
             known = any(_priced(pair[index]) for pair in both)
             pooled[side].update(_cost([pair[index] for pair in shared]), cost_known=known)
+            pooled[side].update(_second_chance([pair[index] for pair in both]))
         models.append(
             {
                 "model": model,
@@ -150,4 +187,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "only_in_b": [f"{t} {m}" for (t, m) in cells_b if (t, m) not in cells_a],
         "outcomes": {"a": a.get("outcomes", {}), "b": b.get("outcomes", {})},
         "provenance_changes": changes,
+        # Each side's sweep-wide re-runs after the agent started (None: not recorded).
+        "second_chance": {
+            "a": {"rerun_share": (a.get("second_chance") or {}).get("rerun_share")},
+            "b": {"rerun_share": (b.get("second_chance") or {}).get("rerun_share")},
+        },
     }

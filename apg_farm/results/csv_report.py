@@ -8,6 +8,7 @@ from typing import Any
 
 from apg_farm.results.costs import TOKENS
 from apg_farm.results.report import CELL_COUNTS
+from apg_farm.results.second_chance import KINDS
 
 #: CSV columns, one row per (task, model).
 CSV_COLUMNS = (
@@ -30,6 +31,17 @@ CSV_COLUMNS = (
     "cost_per_pass_low",
     "cost_per_pass_high",
     *TOKENS,
+    # The second-chance bias (docs/analysis.md, "Second-chance bias").
+    "started_attempts",
+    "rerun_attempts",
+    "reruns",
+    *(f"reruns_{kind}" for kind in KINDS),
+    "rerun_share",
+    "lower_bound_n",
+    "lower_bound_passed",
+    "lower_bound_rate",
+    "lower_bound_ci_low",
+    "lower_bound_ci_high",
 )
 
 
@@ -41,5 +53,13 @@ def report_csv(report: dict[str, Any]) -> str:
     )
     writer.writeheader()
     for cell in report["cells"]:
-        writer.writerow({**cell, **(cell.get("tokens") or {}), "k": report["k"]})
+        kinds = cell.get("reruns_by_kind") or {}
+        writer.writerow(
+            {
+                **cell,
+                **(cell.get("tokens") or {}),
+                **{f"reruns_{kind}": kinds.get(kind, 0) for kind in KINDS},
+                "k": report["k"],
+            }
+        )
     return buffer.getvalue()

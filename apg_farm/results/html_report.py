@@ -181,6 +181,78 @@ def _cost_cells(row: dict[str, Any]) -> str:
     )
 
 
+def _kinds(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (row.get("reruns_by_kind") or {}).items()) or "—"
+
+
+def _rerun_cells(row: dict[str, Any]) -> str:
+    """Second-chance columns of one cell or model row: re-runs, then both rates side by side."""
+    reported = (
+        f"{_pct(row.get('pass_rate'))} [{_pct(row.get('ci_low'))}–{_pct(row.get('ci_high'))}]"
+        if row.get("pass_rate") is not None
+        else "—"
+    )
+    low = row.get("lower_bound_rate")
+    bound = (
+        f"{_pct(low)} [{_pct(row.get('lower_bound_ci_low'))}–"
+        f"{_pct(row.get('lower_bound_ci_high'))}]"
+        if low is not None
+        else "—"
+    )
+    return (
+        _cell(row.get("started_attempts", 0))
+        + _cell(row.get("rerun_attempts", 0), warn=bool(row.get("rerun_attempts")))
+        + _cell(row.get("reruns", 0))
+        + _cell(_kinds(row), left=True)
+        + _cell(_pct(row.get("rerun_share")))
+        + _cell(f"{row.get('passed', 0)}/{row.get('n', 0)}")
+        + _cell(reported)
+        + _cell(f"{row.get('lower_bound_passed', 0)}/{row.get('lower_bound_n', 0)}")
+        + _cell(bound, warn=low is not None and low != row.get("pass_rate"))
+    )
+
+
+_RERUN_HEADERS = [
+    "attempts started",
+    "with a re-run",
+    "re-runs",
+    "kinds",
+    "re-run share",
+    "passed / n",
+    "reported rate [95% CI]",
+    "lower bound passed / n",
+    "lower bound [95% CI]",
+]
+
+
+def second_chance_section(report: dict[str, Any]) -> str:
+    """The second-chance bias: re-runs after the agent started, and the lower-bound pass rate."""
+    totals = report.get("second_chance") or {}
+    share = totals.get("rerun_share")
+    summary = (
+        f'<p id="rerun-share">Sweep: {totals.get("rerun_attempts", 0)} of '
+        f"{totals.get('started_attempts', 0)} attempts that reached the run phase were run again "
+        f"after their agent started (re-run share {_pct(share, 1)}); "
+        f"{totals.get('reruns', 0)} such re-runs ({escape(_kinds(totals))}). Pass rate "
+        f"{_pct(totals.get('pass_rate'), 1)}, lower bound {_pct(totals.get('lower_bound_rate'), 1)}"
+        f" [{_pct(totals.get('lower_bound_ci_low'), 1)}–"
+        f"{_pct(totals.get('lower_bound_ci_high'), 1)}].</p>"
+    )
+    model_rows = [_cell(m["model"], left=True) + _rerun_cells(m) for m in report.get("models", [])]
+    cell_rows = [
+        _cell(c["task"], left=True) + _cell(c["model"], left=True) + _rerun_cells(c)
+        for c in report["cells"]
+    ]
+    caption = (
+        "A re-run after the agent started is an execution whose run phase began and whose result "
+        "is RETRY or LOST: the agent may have bought that second chance. The lower bound counts "
+        "every attempt with one as a failure, ERROR and INVALID ones added to n."
+    )
+    return f"""{summary}
+{_table("second-chance-models-table", ["model", *_RERUN_HEADERS], model_rows, caption=caption)}
+{_table("second-chance-cells-table", ["task", "model", *_RERUN_HEADERS], cell_rows, left=2)}"""
+
+
 def cost_section(report: dict[str, Any]) -> str:
     """Cost tables and the cost-effectiveness plot, or one line saying cost is unknown."""
     models = report.get("models", [])
@@ -366,6 +438,9 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 
 <h2>Per model</h2>
 {_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"Pooled over tasks; pass@{k} and pass^{k} are means over tasks.")}
+
+<h2>Second-chance bias</h2>
+{second_chance_section(report)}
 
 <h2>Cost</h2>
 {cost_section(report)}

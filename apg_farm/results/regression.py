@@ -5,7 +5,8 @@ INVALID or ERROR attempts than allowed, when a (task, model) of the baseline was
 when a model's pass rate (pooled over the tasks both ran) drops by more than the tolerance, when
 one (task, model) drops by more than the tolerance with a 95 % interval that excludes no change,
 or when an indispensable task newly fails; with a cost tolerance, also when a model's cost per
-execution rises by more than it (`cost_findings`, shared with `compare`). Changed fingerprints
+execution rises by more than it (`cost_findings`, shared with `compare`); with a re-run tolerance,
+when the share of its attempts run again after their agent started exceeds it. Changed fingerprints
 and unknown costs are warnings: comparing across revisions is often the point.
 """
 
@@ -38,6 +39,9 @@ class CheckPolicy:
     #: Largest allowed rise of a model's cost per execution, as a fraction (0.2 = 20 %); None:
     #: cost is not checked.
     max_cost_increase: float | None = None
+    #: Largest allowed share of the candidate's attempts that reached the run phase and were run
+    #: again after it (the second-chance bias); None: not checked.
+    max_rerun_share: float | None = None
 
 
 @dataclass
@@ -78,6 +82,40 @@ def parse_cost_increase(value: str | None) -> float | None:
             fix="give the allowed rise of the cost per execution as a fraction: 0.2 = 20 %",
         )
     return fraction
+
+
+def parse_rerun_share(value: str | None) -> float | None:
+    """`--max-rerun-share`: a fraction in [0, 1], or None when not given (BadInput naming the
+    flag otherwise)."""
+    if value is None:
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = math.nan
+    if not 0.0 <= fraction <= 1.0:
+        raise BadInput(
+            f"{value!r} is not a fraction between 0 and 1",
+            field="--max-rerun-share",
+            fix="give the largest allowed share of attempts re-run after their agent started: "
+            "0.05 = 5 %",
+        )
+    return fraction
+
+
+def rerun_share_findings(summary: dict[str, Any], allowed: float) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of the second-chance gate on one side's summary."""
+    totals = summary.get("second_chance")
+    if totals is None:
+        return [], ["rerun_share unknown in the candidate (not recorded); not checked"]
+    share = totals.get("rerun_share")
+    if share is None or share <= allowed + _EPS:
+        return [], []
+    return [
+        f"rerun_share {share:.1%} ({totals['rerun_attempts']} of {totals['started_attempts']} "
+        "attempts that reached the run phase were run again after their agent started) exceeds "
+        f"--max-rerun-share {allowed:g}"
+    ], []
 
 
 @dataclass
@@ -230,6 +268,11 @@ def check_regression(
         verdict.failures += cost.failures
         # A model within the tolerance is not worth a line; an unknown cost is.
         verdict.warnings += cost.unknown
+
+    if policy.max_rerun_share is not None:
+        failures, warnings = rerun_share_findings(c, policy.max_rerun_share)
+        verdict.failures += failures
+        verdict.warnings += warnings
 
     for change in result["provenance_changes"]:
         warn(f"provenance changed: {change}")

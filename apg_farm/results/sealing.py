@@ -139,6 +139,8 @@ NOT_SEALED: dict[str, dict[str, str]] = {
     },
     "executions": {
         "id": "a surrogate key; an execution is named by its attempt and number",
+        "agent_started": "whether the run phase's command was issued: the sealed phases show "
+        "it (a phase named run); reports read it for the second-chance bias, no verdict",
         **dict.fromkeys(
             (
                 "cost_usd",

@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.engine import Dialect
@@ -345,6 +346,9 @@ class Execution(Base):
     adapter_status: Mapped[str | None] = mapped_column(String(64))
     #: rate_limited, overloaded, auth_expired or api_error when the record blames the provider.
     provider_trouble: Mapped[str | None] = mapped_column(String(32))
+    #: The run phase's command was issued: the agent may have acted (a re-run after it is a
+    #: second chance; docs/analysis.md, "Second-chance bias").
+    agent_started: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     attempt: Mapped[Attempt] = relationship(back_populates="executions")
     phases: Mapped[list[Phase]] = relationship(order_by="Phase.id")
