@@ -514,8 +514,6 @@ class _Attempt:
         self.doubts: list[str] = []
         #: Whether no process of an agent can be running on the bed now (see _mark_agent_stopped).
         self.agent_stopped = bed.agent_stopped
-        #: The run phase's command was issued: a retry from here on is a second chance.
-        self.agent_started = False
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
