@@ -18,9 +18,6 @@ PROVIDER_RETRIES = 3
 #: time it fails makes claims between runs of its model that go fine (outcomes.md, "Provider
 #: trouble"). Claims while a believed outage goes on (no clean run since) are believed.
 PROVIDER_OUTAGE_QUIET = 600.0
-#: Re-runs of one attempt granted on the word of a run the agent may have written (an adapter
-#: start failure, a run that timed out, on a site the diff shows unchanged); then it is scored.
-AGENT_CLAIM_RERUNS = 1
 #: Seconds a run that says its adapter never started may take and still be believed: an adapter
 #: fails to start before its agent works; a claim after longer may be an agent that saw itself
 #: failing. APG_FARM_START_WINDOW overrides it (time-scaled simulated beds need less).

@@ -275,7 +275,8 @@ def test_diff_evidence_is_kept_per_execution(store: Store, tmp_path: Path) -> No
         diffs = session.scalars(select(Phase).where(Phase.name == "diff")).all()
     # The judging code is checked before the attempt and again right after the run, before any
     # other ddev command: the escrow set, the DDEV configuration, the trusted verifier.
-    order = ["escrow_check", "ddev_check", "verify_before", "reset", "run", "ddev_check_after"]
+    order = ["escrow_check", "ddev_check", "verify_before", "reset", "baseline_diff", "run"]
+    order.append("ddev_check_after")
     assert names == [[*order, "verify_after", "diff", "grade"]] * 2
     assert all('"changed"' in p.stdout for p in diffs)
 

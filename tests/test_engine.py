@@ -134,4 +134,4 @@ def test_database_connections_killed_mid_attempt_are_survived(
     assert [a.state for a in attempts] == [AttemptState.DONE] * 2
     assert len(executions) == 2 and all(e.result in ("PASSED", "FAILED") for e in executions)
     # 9 phases each: escrow and DDEV checks, verify, reset, run, DDEV check, verify, diff, grade.
-    assert len(phases) == 18 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 18
+    assert len(phases) == 20 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 20

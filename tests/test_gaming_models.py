@@ -155,30 +155,42 @@ def test_a_model_faking_outages_is_bounded(
     assert quarantined == 0
 
 
-def test_a_start_failure_that_comes_at_once_on_an_unchanged_site_is_retried_once(
-    store: Store, tmp_path: Path
+def test_a_start_failure_that_comes_at_once_on_an_unchanged_site_is_retried(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control: an adapter that really never started (at once, nothing changed) is retried
-    on another bed, once; a second such failure of the same attempt is scored."""
-    made = make_beds(
-        store, tmp_path, 2, faults={0: {"not_started": True}, 1: {"not_started": True}}
-    )
+    on another bed; the same failure after a run as long as real work is scored."""
+    make_beds(store, tmp_path, 1, faults={0: {"not_started": {"times": 1}}})
     sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
     EmbeddedExecutor(store, sweep_id).run()
+    assert _results(store, sweep_id) == ["RETRY", Outcome.FAILED]
+    # Now the window is shorter than the adapter takes to fail: the claim is not believed.
+    monkeypatch.setenv("APG_FARM_START_WINDOW", "0.000001")
+    again = submit(store, spec("late", tasks=1, models=1, trials=1)).sweep_id
+    for approot in _approots(store):
+        simbed.write_faults(approot, {"not_started": True})
+    EmbeddedExecutor(store, again).run()
+    assert _results(store, again) == [Outcome.NO_ATTEMPT]
     with store.read() as session:
-        attempt = session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).one()
-        results = [
-            e.result
-            for e in session.scalars(
-                select(Execution)
-                .where(Execution.attempt_id == attempt.id)
-                .order_by(Execution.number)
+        reason = session.scalars(select(Attempt.reason).where(Attempt.sweep_id == again)).one()
+    assert "put the site back" in (reason or ""), reason
+
+
+def _results(store: Store, sweep_id: int) -> list[str | None]:
+    with store.read() as session:
+        return list(
+            session.scalars(
+                select(Execution.result)
+                .join(Attempt, Attempt.id == Execution.attempt_id)
+                .where(Attempt.sweep_id == sweep_id)
+                .order_by(Execution.id)
             )
-        ]
-        assert attempt.agent_reruns == 1
-        assert results == ["RETRY", Outcome.NO_ATTEMPT], results
-        assert "already re-run" in (attempt.reason or "")
-        assert all(session.get_one(Bed, b.id).state == BedState.ACTIVE for b in made)
+        )
+
+
+def _approots(store: Store) -> list[Path]:
+    with store.read() as session:
+        return [Path(b.approot) for b in session.scalars(select(Bed))]
 
 
 def test_state_that_survives_the_reset_quarantines_the_bed(store: Store, tmp_path: Path) -> None:

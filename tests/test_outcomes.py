@@ -227,20 +227,11 @@ def test_an_adapter_that_never_started_is_not_the_models_failure() -> None:
     assert judge_run(silent, run_recorded=True, attempted=None).agent_failed
     timeout = web_fail("ai-eval-run", 1, "APG_CLAUDE_TIMEOUT after 3600s\n")
     assert judge_run(timeout, run_recorded=True, attempted=False).agent_failed
-    unchanged = judge_claim(
-        started, site=SiteState(True, "no change"), reruns=0, run_seconds=1, window=60
-    )
-    assert unchanged.action == "retry" and unchanged.agent_claim
+    unchanged = judge_claim(started, site=SiteState(True, "no change"), run_seconds=1, window=60)
+    assert unchanged.action == "retry"
     # A report that could not be read in full is a site that changed, never "unknown".
-    unreadable = judge_claim(
-        started, site=SiteState(False, "report cut"), reruns=0, run_seconds=1, window=60
-    )
+    unreadable = judge_claim(started, site=SiteState(False, "report cut"), run_seconds=1, window=60)
     assert unreadable.action == "continue" and unreadable.agent_failed
-    # The second such claim of an attempt is scored, whatever the site.
-    again = judge_claim(
-        started, site=SiteState(True, "no change"), reruns=1, run_seconds=1, window=60
-    )
-    assert again.action == "continue" and again.agent_failed
 
 
 UNCHANGED = SiteState(True, "the diff, read in full, reports no change")
@@ -261,14 +252,12 @@ def test_a_start_failure_is_a_claim_the_site_decides(stderr: str) -> None:
     retry) only on a site the diff shows unchanged, and once; otherwise the agent's failure."""
     verdict = judge_run(web_fail("ai-eval-run", 1, stderr), run_recorded=False)
     assert verdict.action == "retry" and verdict.claim and not verdict.link_failure
-    assert (
-        judge_claim(verdict, site=UNCHANGED, reruns=0, run_seconds=1, window=60).action == "retry"
-    )
-    scored = judge_claim(verdict, site=CHANGED, reruns=0, run_seconds=1, window=60)
+    assert judge_claim(verdict, site=UNCHANGED, run_seconds=1, window=60).action == "retry"
+    scored = judge_claim(verdict, site=CHANGED, run_seconds=1, window=60)
     assert scored.action == "continue" and scored.agent_failed
     assert "may have acted" in scored.reason
     # An unchanged site after a run as long as real work: the agent may have put it back.
-    slow = judge_claim(verdict, site=UNCHANGED, reruns=0, run_seconds=300, window=60)
+    slow = judge_claim(verdict, site=UNCHANGED, run_seconds=300, window=60)
     assert slow.action == "continue" and slow.agent_failed and "put the site back" in slow.reason
 
 
@@ -284,7 +273,7 @@ def test_a_bed_broken_token_on_a_changed_site_is_graded_and_still_quarantines() 
     printed = judge_run(
         web_fail("ai-eval-run", 1, "APG_RUN_CRED_REFUSED .env\n"), run_recorded=True
     )
-    scored = judge_claim(printed, site=CHANGED, reruns=0, run_seconds=1, window=60)
+    scored = judge_claim(printed, site=CHANGED, run_seconds=1, window=60)
     assert scored.action == "continue" and scored.agent_failed and scored.quarantine
 
 

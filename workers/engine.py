@@ -454,8 +454,6 @@ def _settle(
         assert verdict.outcome is not None
         return _done(row, verdict.outcome, verdict.reason), None
     row.infra_failures += 1
-    if verdict.agent_claim:
-        row.agent_reruns += 1
     bed.consecutive_errors += 1
     in_a_row = None
     if bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
@@ -577,7 +575,6 @@ class _Attempt:
                 judge_claim(
                     run_verdict,
                     site=self._site(),
-                    reruns=self.claim.agent_reruns,
                     run_seconds=self.run_seconds,
                     window=self.engine.start_window,
                 )

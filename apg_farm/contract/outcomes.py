@@ -13,8 +13,6 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from apg_farm.defaults import AGENT_CLAIM_RERUNS
-
 if TYPE_CHECKING:
     from apg_farm.contract.commands import PhaseOutput
     from apg_farm.contract.envelope import Grade
@@ -163,8 +161,6 @@ class Verdict:
     #: A retry that rests on what the run printed or recorded (a start token, no run record, a
     #: run that outlasted its timeout): the agent may have written it, so judge_claim decides.
     claim: bool = False
-    #: A claim believed on an unchanged site: counted in the attempt's agent_reruns.
-    agent_claim: bool = False
 
 
 CONTINUE = Verdict("continue")
@@ -307,36 +303,32 @@ def judge_run(
     return with_quarantine(with_quarantine(verdict, security), flood)
 
 
-def judge_claim(
-    verdict: Verdict, *, site: SiteState, reruns: int, run_seconds: float, window: float
-) -> Verdict:
+def judge_claim(verdict: Verdict, *, site: SiteState, run_seconds: float, window: float) -> Verdict:
     """A run that says it never got going (a start token, no run record, `attempted: false`, a
     timeout), judged once the agent is stopped and the bed verified. The agent may have written
     every word of it, so it earns a retry only on evidence the agent cannot write: the diff on
     the verified bed, read in full, shows the site unchanged, and the farm timed the run ending
     within `window` seconds (before an agent could have worked, seen itself failing and put the
-    site back); and only AGENT_CLAIM_RERUNS times per attempt. Otherwise the run is the agent's
+    site back). A claim that fast cannot be chosen by how the attempt was going, so the retry
+    is no second chance, and the sweep's `retries` bound it. Otherwise the run is the agent's
     failure, graded (NO_ATTEMPT unless the site passes). A quarantine asked for stands either
     way: a human looks at a bed that printed a bed-configuration token."""
     reason = verdict.reason
     fast = run_seconds <= window
-    if site.unchanged and fast and reruns < AGENT_CLAIM_RERUNS:
+    if site.unchanged and fast:
         return Verdict(
             "retry",
             f"{reason}; {site.evidence} and the run ended after {run_seconds:.1f} s: nobody "
             "acted, retried elsewhere",
             quarantine=verdict.quarantine,
-            agent_claim=True,
         )
     if not site.unchanged:
         why = f"{site.evidence}, so the agent may have acted"
-    elif not fast:
+    else:
         why = (
             f"the run took {run_seconds:.1f} s, longer than a start failure's {window:g} s: "
             "the agent may have worked and put the site back"
         )
-    else:
-        why = f"already re-run {reruns} time(s) on such a claim"
     return Verdict(
         "continue",
         f"agent failed: {reason.removeprefix('agent failed: ')}; {why}",

@@ -63,8 +63,6 @@ class Claim:
     spec: SweepSpec
     #: Tries of this attempt the provider already failed (each retried without counting).
     provider_failures: int = 0
-    #: Re-runs this attempt already had on a start failure the agent may have written.
-    agent_reruns: int = 0
     #: This attempt is its model's breaker probe: how it ends closes or reopens the breaker.
     probe: bool = False
     #: The bed's last run ended with its agent confirmed stopped. The claim itself records
@@ -220,7 +218,6 @@ def claim_next(
                 trial=attempt.trial,
                 spec=spec,
                 provider_failures=attempt.provider_failures,
-                agent_reruns=attempt.agent_reruns,
                 probe=admitted == PROBE,
                 agent_stopped=stopped_before,
             )

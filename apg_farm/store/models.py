@@ -299,9 +299,6 @@ class Attempt(Base):
     #: Tries the provider failed (rate limit, outage): retried without counting as infrastructure
     #: failures of a bed, a limited number of times (the record saying so is agent-writable).
     provider_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    #: Re-runs granted on the word of a run the agent may have written (a start failure on an
-    #: unchanged site): at most AGENT_CLAIM_RERUNS per attempt, then the run is scored.
-    agent_reruns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     #: Not claimed before this time: a provider failure's back-off.
     not_before: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,5 +1,5 @@
-"""Second chances: how often an attempt was re-run on the word of a run that may have been the
-agent's, and each model's current provider outage (when it began, whether a clean run ended it).
+"""Provider outages as the farm believes them: when each model's current outage began, and
+whether a run that started after it ended clean (pacing.believe_outage).
 
 Revision ID: 0010
 Revises: 0009
@@ -17,10 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # Plain ADD COLUMNs: a batch copy of `attempts` would drop it under the executions' keys.
-    op.add_column(
-        "attempts", sa.Column("agent_reruns", sa.Integer(), nullable=False, server_default="0")
-    )
+    # Plain ADD COLUMNs, no table copy on SQLite.
     op.add_column("model_gates", sa.Column("outage_since", sa.DateTime(timezone=True)))
     op.add_column("model_gates", sa.Column("outage_ended_at", sa.DateTime(timezone=True)))
 
@@ -29,5 +26,3 @@ def downgrade() -> None:
     with op.batch_alter_table("model_gates") as batch:
         batch.drop_column("outage_ended_at")
         batch.drop_column("outage_since")
-    with op.batch_alter_table("attempts") as batch:
-        batch.drop_column("agent_reruns")
