@@ -49,8 +49,11 @@ class EmbeddedExecutor:
         transport_for: Callable[[str], Transport] | None = None,
         lease_seconds: float = LEASE_SECONDS,
         on_report: Callable[[AttemptReport], None] | None = None,
+        start_window: float | None = None,
     ) -> None:
         self.store = store
+        #: APG_FARM_START_WINDOW unless given (the attack demo's time-scaled beds need less).
+        self.start_window = start_window
         self.sweep_id = sweep_id
         self.lease_seconds = lease_seconds
         self.on_report = on_report
@@ -100,6 +103,7 @@ class EmbeddedExecutor:
                 worker=f"{worker}/{bed_name}",
                 transport=self.transport_for(bed_name) if self.transport_for else None,
                 lease_seconds=self.lease_seconds,
+                start_window=self.start_window,
             )
             while not self._stop.is_set():
                 report = engine.run_next(sweep_id=self.sweep_id)

@@ -32,6 +32,10 @@ MODEL = simbed.DEFAULT_MODELS[0]
 TASK = "dv01_view_build"
 #: Sleeps of the simulated bed divided by this: an agent's 5-minute run takes 0.15 s.
 TIME_SCALE = 2000
+#: Seconds a run claiming its adapter never started may take and still be believed, for these
+#: beds: a start failure takes milliseconds here, an agent's work 60 ms and more (1.2 s on the
+#: slower bed of `game_start_token_revert`); under load, starting a bed command can take 0.5 s.
+START_WINDOW = 1.0
 #: A pool no real bed has (a simulator-only fixture): attack attempts never reach a real bed.
 FIXTURES = ("kb_docs", "canvas_home", "farm_attacks")
 
@@ -58,6 +62,8 @@ class Attack:
     no_dataset: bool = False
     #: The sweep's run timeout, seconds.
     run_timeout: float = 30.0
+    #: config.json keys of the bed, over the catalogue's.
+    config: dict[str, Any] | None = None
 
     def bed_faults(self) -> dict[str, Any]:
         return self.faults if self.faults is not None else {self.key: True}
@@ -179,6 +185,54 @@ CATALOGUE: tuple[Attack, ...] = (
         Outcome.FAILED,
         "revoke the token",
     ),
+    # A gaming agent (#18): it failed, and dresses the failure up as something the farm retries.
+    Attack(
+        "game_start_token",
+        "built its failing site, then prints an adapter-start token (APG_CLAUDE_INSTALL_FAILED)",
+        "a start failure is a claim: the diff on the verified bed shows the site changed, so the "
+        "agent ran: graded as its failure, never retried",
+        Outcome.NO_ATTEMPT,
+        results=("NO_ATTEMPT",),
+        faults={"game": {"how": "start_token"}},
+    ),
+    Attack(
+        "game_start_token_revert",
+        "works, fails, puts the site back as reset left it, then prints an adapter-start token",
+        "the site is unchanged, but the run took as long as real work (longer than the start "
+        "window): the agent may have acted, so graded, never retried",
+        Outcome.NO_ATTEMPT,
+        results=("NO_ATTEMPT",),
+        faults={"game": {"how": "start_token_revert"}},
+        config={"time_scale": 100},
+    ),
+    Attack(
+        "game_not_started_flood",
+        "fails, changes so much that the diff report is larger than the farm keeps, then writes "
+        "`attempted: false` into run.json",
+        "a diff report cut at the limit is a site that changed, never 'unknown': graded as the "
+        "agent's failure",
+        Outcome.NO_ATTEMPT,
+        results=("NO_ATTEMPT",),
+        faults={"game": {"how": "not_started_flood"}},
+    ),
+    Attack(
+        "game_break_site",
+        "fails, then breaks its site so Drupal cannot boot and the grade cannot run",
+        "the grade fails on the changed site; the farm restores the bed and the same grade runs "
+        "at baseline: the grader works, so FAILED, never retried",
+        Outcome.FAILED,
+        results=("FAILED",),
+        faults={"game": {"how": "break_site"}},
+    ),
+    Attack(
+        "game_hang",
+        "fails, then hangs its run past the sweep's run timeout",
+        "a run the farm had to kill is never a quick start failure: graded as the agent's failure",
+        Outcome.NO_ATTEMPT,
+        results=("NO_ATTEMPT",),
+        faults={"game": {"how": "hang"}},
+        run_timeout=0.5,
+    ),
 )
 
 
@@ -243,6 +297,7 @@ def _fresh_bed(
         "skill": {MODEL: {TASK: 0.0}},
         "agent_timeout_s": 3600,
     }
+    config.update(attack.config or {})
     if web_commands is not None:
         config["web_commands"] = web_commands
     if image is not None:
@@ -288,7 +343,7 @@ def run_attack(
 
     bed = _fresh_bed(store, root, attack, image=image, web_commands=web_commands)
     sweep_id = submit(store, _spec(attack)).sweep_id
-    EmbeddedExecutor(store, sweep_id).run()
+    EmbeddedExecutor(store, sweep_id, start_window=START_WINDOW).run()
     with store.session() as session:
         attempt = session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).one()
         results = list(
