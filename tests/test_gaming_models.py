@@ -104,6 +104,7 @@ def _play(
 
 
 def _holds(honest: Rates, gamer: Rates) -> None:
+    print(f"\nhonest: {honest}\ngamer:  {gamer}")  # the figures, with `pytest -s`
     assert honest.attempts == gamer.attempts == len(TASKS) * TRIALS
     # Every attempt of the gaming model stays in the denominator.
     assert gamer.outside == 0 and gamer.counted == gamer.attempts, gamer
