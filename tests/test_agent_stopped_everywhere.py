@@ -11,6 +11,7 @@ Container beds need the engine and the image of fixtures/container (APG_FARM_TES
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 from apg_farm.beds.fingerprints import hash_ddev_config
 from apg_farm.contract import Outcome
@@ -66,7 +66,13 @@ def _image(mode: str) -> str | None:
 
 
 def _bed(
-    store: Store, root: Path, made: list[Path], mode: str, faults: dict[str, Any] | None = None
+    store: Store,
+    root: Path,
+    made: list[Path],
+    mode: str,
+    faults: dict[str, Any] | None = None,
+    *,
+    time_scale: int = TEST_TIME_SCALE,
 ) -> Bed:
     """One simulated bed: `web`/`host` (container bed, run and grade web or host commands) or
     `host-only`."""
@@ -78,7 +84,7 @@ def _bed(
         1,
         image=image,
         prefix=f"p{root.name[-6:].replace('-', '')}{mode[:2].replace('-', '')}x",
-        config={"web_commands": ASSIGNMENTS[assignment], **NO_SKILL},
+        config={"web_commands": ASSIGNMENTS[assignment], **NO_SKILL, "time_scale": time_scale},
         faults={0: faults} if faults else None,
     )
     made.append(Path(bed.approot))
@@ -101,10 +107,8 @@ def _host_lingers(approot: Path) -> list[int]:
 
 def _kill_host_lingers(approot: Path) -> None:
     for pid in _host_lingers(approot):
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, 9)
-        except OSError:
-            pass
 
 
 def _container_lingers(approot: Path) -> list[str]:
@@ -252,15 +256,20 @@ def test_what_the_reset_starts_is_killed_before_the_run(
 def test_a_chain_of_daemons_is_stopped_before_the_verify(
     mode: str, store: Store, tmp_path: Path, made: list[Path]
 ) -> None:
-    """The agent leaves a chain of four daemons on the host, each in a session of its own and
+    """The agent leaves a chain of seven daemons on the host, each in a session of its own and
     the parent of the next: every one is dead before the verify, and stays dead through the
     grade; the attempt is graded on the agent's own work."""
+    # A slower bed (a run of 1.2 to 9 s): the whole chain is up before the run ends. The chain
+    # marks the site passing only 12 s after it started, after any run: before the fix, a
+    # survivor is seen by the watcher and later grades pass.
+    scale = 100
     bed = _bed(
         store,
         tmp_path,
         made,
         mode,
-        faults={"linger": {"delay": 0.3 * TEST_TIME_SCALE, "pass_built": True, "chain": 3}},
+        faults={"linger": {"delay": 12 * scale, "pass_built": True, "chain": 6}},
+        time_scale=scale,
     )
     approot = Path(bed.approot)
     sweep_id = submit(store, spec(tasks=1, models=1, trials=2, retries=0)).sweep_id
@@ -271,9 +280,6 @@ def test_a_chain_of_daemons_is_stopped_before_the_verify(
         assert report is not None and report.outcome == Outcome.FAILED, (trial, report)
     beats = (approot / ".apg-sim" / "linger.log").read_text().splitlines()
     pids = {line.split()[2] for line in beats}
-    assert len(pids) >= 4 * 2 or len(pids) >= 4, pids  # the whole chain did start
+    assert len(pids) >= 7, pids  # the chain did start, as deep as it goes
     _no_linger_during_verify_or_grade(approot, watcher, mode)
-    time.sleep(0.5)
     assert not _host_lingers(approot)
-    site = simbed.read_site(approot)
-    assert all(e.get("result") != "pass" for e in site.get("built", {}).values()), site
