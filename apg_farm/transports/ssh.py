@@ -101,6 +101,20 @@ _MARKED = (
     'read -r l 2>/dev/null < "/proc/$p/stat" || continue; case ${{l##*) }} in Z*|X*) continue;; esac; '
     "{each}; done; "
 )
+#: Defines kt: stops processes $@ and every process descended from them (SIGSTOP, walked again
+#: until the tree grows no more, so nothing in it forks away meanwhile), then SIGKILLs them all. A
+#: chain of daemons, each in a session of its own and the parent of the next, dies whole, even
+#: the links that cleared their environment (and so carry no marker).
+_KILL_TREE = (
+    'kt() { t=" $* "; for q in "$@"; do kill -STOP "$q" 2>/dev/null; done; '
+    "while :; do new=; for q in /proc/[0-9]*; do q=${q#/proc/}; "
+    'case $t in *" $q "*) continue;; esac; '
+    'read -r l 2>/dev/null < "/proc/$q/stat" || continue; l=${l##*) }; '
+    "set -f; set -- $l; set +f; case $1 in Z|X|x) continue;; esac; "
+    'case $t in *" $2 "*) new="$new $q";; esac; done; '
+    '[ -z "$new" ] && break; for q in $new; do kill -STOP "$q" 2>/dev/null; done; '
+    't="$t$new "; done; for q in $t; do kill -KILL "$q" 2>/dev/null; done; }; '
+)
 #: Sets state, pgrp, sid and start (clock ticks after boot) from /proc/<pid>/stat of process $1.
 _PROC_INFO = (
     'info() { read -r l 2>/dev/null < "/proc/$1/stat" || return 1; l=${l##*) }; '
@@ -135,8 +149,12 @@ _WRAPPER = (
     'echo "$m setsid (util-linux) is not installed on the host" >&2; exit 125; fi; '
     'f="$d/$n.pid"; cd "$c" || exit; '
     f'setsid sh -c \'{_LEADER}\' apg-farm-cmd "$n" "$f" "$@"; s=$?; '
-    # What left the command's session (a setsid daemon) still carries its marker: killed now.
-    + _MARKED.format(ids="$n", each='kill -KILL "$p" 2>/dev/null')
+    # What left the command's session (a setsid daemon) still carries its marker: killed now,
+    # with every process descended from it; again until none of it is left.
+    + _KILL_TREE
+    + "r=0; while [ $r -lt 20 ]; do ps=; "
+    + _MARKED.format(ids="$n", each='ps="$ps $p"')
+    + '[ -z "$ps" ] && break; kt $ps; r=$((r+1)); sleep 0.05; done; '
     + 'g=; read -r g x 2>/dev/null < "$f"; '
     'case $g in ""|*[!0-9]*) rm -f "$f";; *) kill -0 "-$g" 2>/dev/null || rm -f "$f";; esac; '
     "exit $s"
