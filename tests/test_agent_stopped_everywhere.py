@@ -283,3 +283,39 @@ def test_a_chain_of_daemons_is_stopped_before_the_verify(
     assert len(pids) >= 7, pids  # the chain did start, as deep as it goes
     _no_linger_during_verify_or_grade(approot, watcher, mode)
     assert not _host_lingers(approot)
+
+
+def test_after_an_unconfirmed_stop_the_restart_listing_is_the_trusted_one(
+    store: Store, tmp_path: Path, made: list[Path]
+) -> None:
+    """The worker died after the run (no stop confirmed): the next attempt restarts the web
+    container first and lists it then; what the reset starts afterwards is killed against that
+    listing, with no second restart."""
+    from tests.test_quarantine import Operator
+
+    bed = _bed(store, tmp_path, made, "web")
+    approot = Path(bed.approot)
+    _plant_outside_the_fingerprint(store, bed, delay_s=0.2)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=2)).sweep_id
+
+    def die() -> None:
+        raise RuntimeError("worker gone")
+
+    first = AttemptEngine(store, bed.name, worker="dead", transport=Operator("ai-eval-run", die))
+    report = first.run_next(sweep_id=sweep_id)
+    assert report is not None and report.verdict.action == "retry"
+    watcher = Watcher(approot)
+    second = AttemptEngine(store, bed.name, worker="next", transport=watcher)
+    report = second.run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome == Outcome.FAILED, report
+    names = [p.name for p in _phases(store, report.claim.execution_id)]
+    assert names[:5] == [
+        "escrow_check",
+        "ddev_check",
+        "stop_strays",
+        "restart",
+        "processes_restart",
+    ]
+    assert "stop_reset" in names and "restart_reset" not in names, names
+    _no_linger_during_verify_or_grade(approot, watcher, "web")
+    assert not _container_lingers(approot)

@@ -702,7 +702,7 @@ class _Attempt:
         if not self.bed.web_container:
             return CONTINUE
         trusted = self.trusted_listing
-        now = self._container_processes("processes_reset")
+        now = self._container_processes("processes_reset") if trusted is not None else {}
         if isinstance(now, Verdict):
             return now
         if trusted is None or not same_container(trusted, now):
