@@ -359,7 +359,8 @@ CHAIN = (
     'link=\'while :; do echo "$2" >> "$1"; sleep 0.05; done\'; '
     'setsid sh -c \'env -i setsid sh -c "$3" sh "$1" deep2 "$3" & '
     'env -i setsid sh -c "$3" sh "$1" deep1 "$3"; \' sh "$1" top "$link" & '
-    'until grep -q deep2 "$1" 2>/dev/null; do sleep 0.05; done; exit 0'
+    'until grep -q deep2 "$1" 2>/dev/null; do sleep 0.05; done; '
+    '[ "$2" = exit ] && exit 0; while :; do echo parent >> "$1"; sleep 0.05; done'
 )
 
 
@@ -372,8 +373,36 @@ def test_a_chain_of_daemons_of_a_command_that_ended_is_killed_with_it(
     host.pin()
     transport = SshTransport(target(host))
     with loop_file(tmp_path) as (path, token):
-        result = run(transport, ["sh", "-c", CHAIN, "sh", str(path)], cwd=str(tmp_path), timeout=60)
+        argv = ["sh", "-c", CHAIN, "sh", str(path), "exit"]
+        result = run(transport, argv, cwd=str(tmp_path), timeout=60)
         assert result.rc == 0 and result.transport_error is None, result
         assert "deep1" in path.read_text() and "deep2" in path.read_text()
         assert processes(token) == []
         assert_dead_before_next_command(transport, path, token)
+
+
+def test_a_chain_of_daemons_of_a_dropped_command_is_killed_before_the_next_command(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """The link drops while a command runs that started a chain of daemons (the links after the
+    first without a marker): the settling of the lost command stops the whole tree before it
+    signals any of it, so none is lost to PID 1 when its parent dies first."""
+    host.pin()
+    transport = SshTransport(target(host))
+    with loop_file(tmp_path) as (path, token):
+        argv = ["sh", "-c", CHAIN, "sh", str(path), "stay"]
+        worker = threading.Thread(
+            target=lambda: setattr(worker, "result", run(transport, argv, cwd=str(tmp_path))),
+            daemon=True,
+        )
+        worker.start()
+        deadline = time.monotonic() + 15
+        while "parent" not in (path.read_text() if path.exists() else ""):
+            assert time.monotonic() < deadline, "the chain did not start on the host"
+            time.sleep(0.05)
+        assert host.drop_connections() >= 1
+        result = result_of(worker)
+        assert result.rc is None and "lost" in (result.transport_error or ""), result
+        assert len(processes(token)) >= 4  # the command and its three daemons
+        assert_dead_before_next_command(transport, path, token)
+        assert pid_files(tmp_path) == []
