@@ -16,7 +16,10 @@ leader first writes to `${TMPDIR:-/tmp}/apg-farm-cmd-<uid>/<command id>.pid` (a 
 SSH user, never a symlink); the wrapper removes the file when the command ends. A command whose end
 the farm did not see (the link dropped, the farm's deadline passed, the farm gave up) stays on the
 transport's list of leftovers, and before the next command on the host the transport kills their
-groups (SIGTERM, a short grace, SIGKILL) and waits until none of their processes remain. If that
+groups (SIGTERM, a short grace, SIGKILL) and waits until none of their processes remain. What a
+command left in sessions of its own is found by the marker in its environment and by descent
+from what is found (a chain of daemons dies whole): the tree is stopped before it is signalled,
+so a link whose parent dies first is not lost to PID 1. If that
 cannot be confirmed, that next command is not sent: its result is a `transport_error` saying that
 leftovers of an earlier command may still run.
 """
