@@ -350,3 +350,59 @@ def test_what_a_dead_workers_command_left_is_stopped_by_the_stray_sweep(
         assert len(processes(kept_token)) >= 2, "another bed's command must be left alone"
         again = run(fresh, list(stray_argv(str(bed))), cwd=str(bed))
         assert isinstance(again, CommandResult) and stopped_count(again.stdout.text()) == 0
+
+
+#: A command that leaves a chain of daemons: each in a session of its own and the parent of the
+#: next, every link after the first with its environment cleared (no marker), the last one
+#: looping. $1 is the file; the command ends once the last link writes.
+CHAIN = (
+    'link=\'while :; do echo "$2" >> "$1"; sleep 0.05; done\'; '
+    'setsid sh -c \'env -i setsid sh -c "$3" sh "$1" deep2 "$3" & '
+    'env -i setsid sh -c "$3" sh "$1" deep1 "$3"; \' sh "$1" top "$link" & '
+    'until grep -q deep2 "$1" 2>/dev/null; do sleep 0.05; done; '
+    '[ "$2" = exit ] && exit 0; while :; do echo parent >> "$1"; sleep 0.05; done'
+)
+
+
+def test_a_chain_of_daemons_of_a_command_that_ended_is_killed_with_it(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """A command that ends after starting daemons in sessions of their own, the marked first
+    the parent of the others, which cleared their environment: found by the marker and by
+    descent, all are dead when the command returns."""
+    host.pin()
+    transport = SshTransport(target(host))
+    with loop_file(tmp_path) as (path, token):
+        argv = ["sh", "-c", CHAIN, "sh", str(path), "exit"]
+        result = run(transport, argv, cwd=str(tmp_path), timeout=60)
+        assert result.rc == 0 and result.transport_error is None, result
+        assert "deep1" in path.read_text() and "deep2" in path.read_text()
+        assert processes(token) == []
+        assert_dead_before_next_command(transport, path, token)
+
+
+def test_a_chain_of_daemons_of_a_dropped_command_is_killed_before_the_next_command(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """The link drops while a command runs that started a chain of daemons (the links after the
+    first without a marker): the settling of the lost command stops the whole tree before it
+    signals any of it, so none is lost to PID 1 when its parent dies first."""
+    host.pin()
+    transport = SshTransport(target(host))
+    with loop_file(tmp_path) as (path, token):
+        argv = ["sh", "-c", CHAIN, "sh", str(path), "stay"]
+        worker = threading.Thread(
+            target=lambda: setattr(worker, "result", run(transport, argv, cwd=str(tmp_path))),
+            daemon=True,
+        )
+        worker.start()
+        deadline = time.monotonic() + 15
+        while "parent" not in (path.read_text() if path.exists() else ""):
+            assert time.monotonic() < deadline, "the chain did not start on the host"
+            time.sleep(0.05)
+        assert host.drop_connections() >= 1
+        result = result_of(worker)
+        assert result.rc is None and "lost" in (result.transport_error or ""), result
+        assert len(processes(token)) >= 4  # the command and its three daemons
+        assert_dead_before_next_command(transport, path, token)
+        assert pid_files(tmp_path) == []

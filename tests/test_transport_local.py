@@ -487,3 +487,39 @@ def _descendants_alive(beat: Path) -> bool:
             except OSError:
                 continue
     return False
+
+
+#: A daemon that starts the next one in a session of its own (it stays its parent), then beats.
+_CHAIN = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    depth, beat = int(sys.argv[1]), sys.argv[2]
+    if depth > 0:
+        subprocess.Popen([sys.executable, __file__, str(depth - 1), beat], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    while True:
+        with open(beat + "." + str(depth), "a") as fh:
+            fh.write("x")
+        time.sleep(0.05)
+    """
+)
+
+
+@pytest.mark.parametrize("clear_env", [False, True], ids=["marked", "env-cleared"])
+def test_a_chain_of_daemons_is_killed_with_its_command(tmp_path: Path, clear_env: bool) -> None:
+    """Daemons each in a session of its own and the parent of the next, six deep (only the first
+    is an orphan of the farm process while the others' parents live): all are dead and reaped
+    when the command ends, not one per later command."""
+    script = tmp_path / "chain.py"
+    script.write_text(_CHAIN)
+    beat = tmp_path / "beat"
+    start = f"{'env -i ' if clear_env else ''}setsid {PY} {script} 5 {beat} >/dev/null 2>&1 &"
+    wait = f"n=0; while [ ! -e {beat}.0 ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n+1)); done"
+    result = run(["/bin/sh", "-c", f"{start} {wait}"], env={"PATH": os.environ["PATH"]})
+    assert result.rc == 0 and result.transport_error is None, result
+    assert all((tmp_path / f"beat.{d}").exists() for d in range(6)), "the chain did not start"
+    assert not _descendants_alive(beat), "a daemon of the chain outlived its command"
+    sizes = [(tmp_path / f"beat.{d}").stat().st_size for d in range(6)]
+    time.sleep(0.3)
+    assert sizes == [(tmp_path / f"beat.{d}").stat().st_size for d in range(6)]

@@ -7,6 +7,13 @@ and stays stopped through grading. The farm lists the container's processes (`dd
 after the reset, before the run, and after the run kills every process that was not there before,
 then lists again until none is left. A bed where that cannot be confirmed is quarantined; a bed
 whose previous attempt ended without that confirmation (its worker died) is restarted first.
+
+What the reset runs can be the previous agent's doing (a drush commandfile it planted runs in the
+next reset's `drush cr`): a listing taken after the reset would count what that started as
+"before the run". So the listing at the last confirmed stop is recorded on the bed (bed.meta,
+STOP_LISTING, with the verdict) and, after the next reset, every process not in it is killed
+before the "before" listing is taken; with no such listing, or one from another life of the
+container, the web container is restarted instead.
 """
 
 from __future__ import annotations
@@ -17,6 +24,10 @@ from collections.abc import Iterable, Mapping
 PS_ARGV: tuple[str, ...] = ("ps", "-e", "-o", "pid=", "-o", "ppid=", "-o", "args=")
 #: Rounds of kill-then-list before the farm gives up (an agent respawning faster than it is killed).
 ROUNDS = 3
+#: bed.meta key: the container's processes at the last confirmed stop, [[pid, ppid, args], ...].
+STOP_LISTING = "stop_listing"
+
+Listing = Mapping[int, tuple[int, str]]
 
 
 def read_ps(text: str) -> dict[int, tuple[int, str]]:
@@ -70,3 +81,49 @@ def needs_second_look(processes: Mapping[int, tuple[int, str]]) -> bool:
 def kill_argv(pids: Iterable[int]) -> tuple[str, ...]:
     """`kill -KILL <pid>…`: no grace, the agent's work must not go on during verification."""
     return ("kill", "-KILL", *(str(pid) for pid in pids))
+
+
+def stop_listing(processes: Listing) -> dict[int, tuple[int, str]]:
+    """What to record of a listing that confirmed the agent stopped: every process but the
+    listing itself."""
+    mine = _listing_itself(processes)
+    return {pid: entry for pid, entry in processes.items() if pid not in mine}
+
+
+def listing_to_meta(processes: Listing) -> list[list[object]]:
+    return [[pid, ppid, args] for pid, (ppid, args) in sorted(processes.items())]
+
+
+def listing_from_meta(value: object) -> dict[int, tuple[int, str]] | None:
+    """The recorded listing, or None when there is none or it is not one (bed.meta is the farm's,
+    but a listing that cannot be read is no listing)."""
+    if not isinstance(value, list):
+        return None
+    found: dict[int, tuple[int, str]] = {}
+    for item in value:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], int)
+            and isinstance(item[1], int)
+            and isinstance(item[2], str)
+        ):
+            return None
+        found[item[0]] = (item[1], item[2])
+    return found
+
+
+def same_container(recorded: Listing, processes: Listing) -> bool:
+    """Whether `processes` can be this container's life that `recorded` was taken in: each of
+    the container's own services (a process whose parent is PID 1 in the record) still runs,
+    same pid, same command line. A container restarted since has lost them (or has them at
+    other pids): its recorded listing says nothing about what runs there now."""
+    services = {pid: args for pid, (ppid, args) in recorded.items() if ppid == 1 and pid != 1}
+    return all(pid in processes and processes[pid][1] == args for pid, args in services.items())
+
+
+def recorded_survivors(recorded: Listing, processes: Listing) -> list[int]:
+    """The pids of `processes` that are in the recorded listing: same pid and command line."""
+    return [
+        pid for pid, (_, args) in processes.items() if pid in recorded and recorded[pid][1] == args
+    ]

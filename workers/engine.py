@@ -106,10 +106,17 @@ from apg_farm.transports import (
 from workers.agent_stop import (
     PS_ARGV,
     ROUNDS,
+    STOP_LISTING,
+    Listing,
     kill_argv,
     leftovers,
+    listing_from_meta,
+    listing_to_meta,
     needs_second_look,
     read_ps,
+    recorded_survivors,
+    same_container,
+    stop_listing,
 )
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
@@ -139,6 +146,8 @@ class BedInfo:
     web_container: bool = False
     #: The last run on this bed ended with its agent confirmed stopped (from the claim).
     agent_stopped: bool = True
+    #: The web container's processes when an agent was last confirmed stopped (bed.meta).
+    stop_listing: Listing | None = None
 
     @classmethod
     def of(cls, bed: Bed) -> BedInfo:
@@ -155,6 +164,7 @@ class BedInfo:
             grader_tree_sha256=bed.grader_tree_sha256,
             untrusted_verifier=bool(bed.untrusted_verifier),
             web_container=bool(bed.web_container),
+            stop_listing=listing_from_meta((bed.meta or {}).get(STOP_LISTING)),
         )
 
     def runs_dir(self) -> str:
@@ -512,6 +522,10 @@ class _Attempt:
         self.doubts: list[str] = []
         #: Whether no process of an agent can be running on the bed now (see _mark_agent_stopped).
         self.agent_stopped = bed.agent_stopped
+        #: The container's processes no agent can have added to (the last confirmed stop, or a
+        #: fresh restart): recorded on the bed with the verdict when this attempt took one.
+        self.trusted_listing: Listing | None = bed.stop_listing
+        self._new_listing = False
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
@@ -542,13 +556,16 @@ class _Attempt:
         verdict = self._seen(judge_reset(reset))
         if verdict.action != "continue":
             return verdict
-        for check in (self._check_web_environment, self._check_at_baseline):
-            verdict = self._seen(check())
-            if verdict.action != "continue":
-                return verdict
-        baseline = self._container_processes("processes_before")
+        verdict = self._seen(self._check_web_environment())
+        if verdict.action != "continue":
+            return verdict
+        baseline = self._processes_before()
         if isinstance(baseline, Verdict):
             return self._seen(baseline)
+        # Only now, with nothing the reset started left running, is the site's state its own.
+        verdict = self._seen(self._check_at_baseline())
+        if verdict.action != "continue":
+            return verdict
         run_verdict = self._seen(self._run_agent())
         # Whatever the run returned (a crash, a timeout, a vanished run folder), the judging code
         # is checked now: the DDEV configuration before any other `ddev` call can fire a hook
@@ -673,6 +690,7 @@ class _Attempt:
                 return now
             left = leftovers(baseline, now, earlier=earlier)
             if not left and (earlier is not None or not needs_second_look(now)):
+                self._trust(now)
                 self._mark_agent_stopped(True)
                 return CONTINUE
             earlier = now
@@ -709,8 +727,65 @@ class _Attempt:
         if output.exit_code != 0:
             reason = f"the web container could not be restarted after an unconfirmed stop (exit {output.exit_code})"
             return Verdict("retry", reason, quarantine=reason)
+        fresh = self._container_processes("processes_restart")
+        if isinstance(fresh, Verdict):
+            return fresh
+        self._trust(fresh)
         self._mark_agent_stopped(True)
         return CONTINUE
+
+    def _processes_before(self) -> dict[int, tuple[int, str]] | Verdict:
+        """The container's processes before the run, once nothing runs there that the bed's
+        earlier agents can have started: the reset runs code they could write (a drush
+        commandfile, say), and what it started must not pass for the container's own."""
+        verdict = self._seen(self._clear_after_reset())
+        if verdict.action != "continue":
+            return verdict
+        return self._container_processes("processes_before")
+
+    def _clear_after_reset(self) -> Verdict:
+        """Kill every container process that is not in the trusted listing (the last confirmed
+        stop's, or a restart's); with none, or one of another life of the container, restart it."""
+        if not self.bed.web_container:
+            return CONTINUE
+        trusted = self.trusted_listing
+        now = self._container_processes("processes_reset") if trusted is not None else {}
+        if isinstance(now, Verdict):
+            return now
+        if trusted is None or not same_container(trusted, now):
+            output = self._phase(
+                "restart_reset", contract.restart(self.bed.ddev), self.claim.spec.timeouts.reset
+            )
+            if output.exit_code != 0:
+                reason = (
+                    "the web container could not be restarted after the reset, with no "
+                    f"trusted listing of its processes (exit {output.exit_code})"
+                )
+                return Verdict("retry", reason, quarantine=reason)
+            return CONTINUE
+        earlier: dict[int, tuple[int, str]] | None = None
+        for _ in range(ROUNDS + 1):
+            left = leftovers(recorded_survivors(trusted, now), now, earlier=earlier)
+            if not left and (earlier is not None or not needs_second_look(now)):
+                return CONTINUE
+            earlier = now
+            if left:
+                self._phase(
+                    "stop_reset",
+                    contract.web_exec(self.bed.ddev, kill_argv(left)),
+                    self.claim.spec.timeouts.verify,
+                )
+            listed = self._container_processes("processes_reset")
+            if isinstance(listed, Verdict):
+                return listed
+            now = listed
+        reason = f"processes started by the reset kept running after {ROUNDS} rounds of kill"
+        return Verdict("retry", reason, quarantine=f"{reason}: restart the web container")
+
+    def _trust(self, processes: Listing) -> None:
+        """A listing no agent can have added to: the baseline of the next reset's clean-up."""
+        self.trusted_listing = stop_listing(processes)
+        self._new_listing = True
 
     def _mark_agent_stopped(self, stopped: bool) -> None:
         # Kept with the attempt and written with its verdict (_finish, _record_lost): the claim
@@ -1041,8 +1116,11 @@ class _Attempt:
 
     def mark_bed(self, bed: Bed) -> None:
         """Record on the bed whether this attempt left it with no agent process running."""
-        if (bed.meta or {}).get(AGENT_STOPPED) != self.agent_stopped:
-            bed.meta = {**(bed.meta or {}), AGENT_STOPPED: self.agent_stopped}
+        meta = {**(bed.meta or {}), AGENT_STOPPED: self.agent_stopped}
+        if self._new_listing and self.trusted_listing is not None:
+            meta[STOP_LISTING] = listing_to_meta(self.trusted_listing)
+        if meta != (bed.meta or {}):
+            bed.meta = meta
 
     def fill(self, execution: Execution, verdict: Verdict) -> None:
         """Copy what this execution learned onto its row."""

@@ -6,6 +6,11 @@ containers and merges `.ddev/docker-compose.*.yaml` into the project: an agent t
 during its run changes what the very next `ddev` call does, the grade included. The farm records
 the sha256 of these files when a bed is enrolled or escrowed and checks them before each attempt
 and right after the run, before any other `ddev` command.
+
+With them, every file under the project's `drush/` folder: APG's reset ends with `drush cr`,
+which loads the project's drush commandfiles (`drush/Commands/`, `drush/drush.yml` and what it
+includes), and the reset does not restore `drush/`. A commandfile planted there would run inside
+the next attempt's reset, where the agent of that attempt cannot be blamed for it.
 """
 
 from __future__ import annotations
@@ -25,12 +30,17 @@ HASH_TIMEOUT = 60.0
 # POSIX sh + find + sha256sum, one level of .ddev only: the files DDEV reads as configuration.
 # Anything there that is not a regular file (a symlink, a FIFO) is listed as such, never followed.
 DDEV_CONFIG_SCRIPT = (
-    'cd -- "$1/.ddev" 2>/dev/null || { echo "no .ddev folder in $1" >&2; exit '
+    'r=$1; cd -- "$1/.ddev" 2>/dev/null || { echo "no .ddev folder in $1" >&2; exit '
     f"{DDEV_FOLDER_MISSING}; }}\n"
     "set -- '(' -name 'config*.yaml' -o -name 'config*.yml' -o -name '.env*' "
     "-o -name 'docker-compose.*.yaml' -o -name 'docker-compose.*.yml' ')'\n"
     "find . -maxdepth 1 \"$@\" ! -type d ! -type f -exec printf 'not-a-file  %s\\n' {} + "
-    '&& find . -maxdepth 1 "$@" -type f -exec sha256sum -- {} +\n'
+    '&& find . -maxdepth 1 "$@" -type f -exec sha256sum -- {} +'
+    # The project's drush/ folder, whole: the reset's `drush cr` loads the commandfiles there
+    # (agent-writable, not restored by the reset). Listed as `drush/...`; never followed.
+    ' && cd -- "$r" && if [ -e drush ] || [ -L drush ]; then '
+    "find drush ! -type d ! -type f -exec printf 'not-a-file  %s\\n' {} + "
+    "&& find drush -type f -exec sha256sum -- {} +; fi\n"
 )
 
 #: An escrow set's copy of the grader fingerprint (APG: `grader.<set>.sha256`).

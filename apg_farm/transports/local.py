@@ -83,6 +83,7 @@ class LocalTransport:
         # Only stderr carries the contract's tokens: its capture keeps those of the omitted middle.
         out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)
         child = _Child(proc, out, err)
+        left: list[int] = []
         try:
             timed_out = self._supervise(child, deadline=started + max(timeout, 0.0))
             error = child.reap(self._term_grace)
@@ -92,7 +93,12 @@ class LocalTransport:
             child.close()
             raise
         finally:
-            reaper.end(marker, proc.pid)
+            # What it left in sessions of their own, and all they started, killed and confirmed
+            # gone; what is not is this command's failure (nobody can say what it still does).
+            left = reaper.end(marker, proc.pid)
+        if left and not error:
+            shown = " ".join(map(str, left[:10]))
+            error = f"processes the command left still run after SIGKILL: {shown}"
         duration = time.monotonic() - started
         stdout, stderr = child.results()
         return CommandResult(

@@ -8,6 +8,12 @@ Every command carries a marker in its environment; when the command ends, each o
 process whose environment carries that marker, or carries none while in a session other than the
 farm's (it cleared its environment to hide), is killed with its process group and reaped. Orphans marked by another
 command still running here are left to that command.
+
+Such an orphan is killed with every process descended from it, however deep: a chain of daemons,
+each in a session of its own and the parent of the next, is one tree under this process. The
+tree is stopped (SIGSTOP, so nothing in it forks or leaves while it is walked), walked again until
+no new descendant appears, then killed; the look for orphans is repeated until none is left, and
+what would not die is reported (`end` returns it) so the command's result says so.
 """
 
 from __future__ import annotations
@@ -17,11 +23,17 @@ import ctypes
 import os
 import signal
 import threading
+import time
 import uuid
 
 from apg_farm.transports.strays import MARKER, marker_for
 
 _PR_SET_CHILD_SUBREAPER = 36
+#: Rounds of stop-walk (a tree growing while it is stopped) and of look-kill (orphans appearing
+#: while others are killed) before the reaper gives up and reports what is left.
+ROUNDS = 20
+#: Seconds to wait for killed processes to be gone (reaped here or by their parents).
+GONE_WAIT = 2.0
 
 _lock = threading.Lock()
 #: Held while a command is being started and while orphans are looked for: a child forked by
@@ -64,7 +76,8 @@ def started(marker: str, pid: int) -> None:
 
 
 def end(marker: str, pid: int | None) -> list[int]:
-    """The command is over (its own process collected): kill and reap what it left behind."""
+    """The command is over (its own process collected): kill and reap what it left behind. The
+    pids of what it left that are still alive after SIGKILL: empty when none is left."""
     global _enabled
     with _lock:
         since = _live.get(marker, 0)
@@ -130,19 +143,28 @@ def _marker_of(pid: int) -> str | None:
 
 def reap_orphans(marker: str, *, since: int) -> list[int]:
     """Kill and reap the orphans `marker`'s command left, and unmarked ones in a session of their
-    own that started after the command (`since`, clock ticks); their pids."""
+    own that started after the command (`since`, clock ticks), each with all its descendants;
+    the pids of those still alive after that (none, normally)."""
     if not _enabled:
         return []
     with spawning:
-        return _reap(marker, since)
+        survivors: set[int] = set()
+        for _ in range(ROUNDS):
+            roots = _orphans(marker, since)
+            if not roots:
+                break
+            survivors = _kill_trees(roots)
+        else:
+            survivors |= set(_orphans(marker, since))
+        return sorted(survivors)
 
 
-def _reap(marker: str, since: int) -> list[int]:
+def _orphans(marker: str, since: int) -> list[int]:
+    """This process's children that are `marker`'s command's leftovers."""
     with _lock:
         mine, others = set(_started), set(_live) - {marker}
-    own_group = os.getpgid(0)
-    killed = []
     own_session = os.getsid(0)
+    found = []
     for pid, (session, start) in _children().items():
         if pid in mine:
             continue
@@ -153,14 +175,78 @@ def _reap(marker: str, since: int) -> list[int]:
         # in a session of its own that started after the command is taken for the command's.
         if owner is None and (session == own_session or start < since or not since):
             continue
+        found.append(pid)
+    return found
+
+
+def _parents() -> dict[int, int]:
+    """pid -> ppid of every live (non-zombie) process on the host."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := _stat(int(name))) and not _dead(int(name)):
+            found[int(name)] = stat[0]
+    return found
+
+
+def _dead(pid: int) -> bool:
+    """True when the process is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return True
+    return not state or state[0] in (b"Z", b"X")
+
+
+def _kill_trees(roots: list[int]) -> set[int]:
+    """Stop the trees under `roots` until they grow no more, kill them, wait for them to be gone;
+    the pids still alive then."""
+    own_group = os.getpgid(0)
+    doomed: set[int] = set()
+    new = set(roots)
+    for _ in range(ROUNDS):
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        doomed |= new
+        parents = _parents()
+        tree = set(doomed)
+        while below := {pid for pid, ppid in parents.items() if ppid in tree} - tree:
+            tree |= below
+        new = tree - doomed
+        if not new:
+            break
+    doomed |= new
+    for pid in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             group = os.getpgid(pid)
             if group != own_group:
                 os.killpg(group, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-    for pid in killed:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-    return killed
+    return _wait_gone(doomed)
+
+
+def _wait_gone(pids: set[int]) -> set[int]:
+    """Reap what of `pids` comes back to this process (its parents died: it is re-parented
+    here) and wait until the rest is gone; what is still alive after GONE_WAIT."""
+    me = os.getpid()
+    pending = set(pids)
+    deadline = time.monotonic() + GONE_WAIT
+    while pending:
+        for pid in sorted(pending):
+            try:
+                got, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                stat = _stat(pid)
+                # Gone, or dead with a live parent that is not one of them and not us: theirs
+                # to reap (a killed parent re-parents it here; then it is waited for).
+                if stat is None or (_dead(pid) and stat[0] not in pending and stat[0] != me):
+                    pending.discard(pid)
+                continue
+            if got:
+                pending.discard(pid)
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.005)
+    return {pid for pid in pending if not _dead(pid)}

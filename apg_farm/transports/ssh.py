@@ -16,7 +16,10 @@ leader first writes to `${TMPDIR:-/tmp}/apg-farm-cmd-<uid>/<command id>.pid` (a 
 SSH user, never a symlink); the wrapper removes the file when the command ends. A command whose end
 the farm did not see (the link dropped, the farm's deadline passed, the farm gave up) stays on the
 transport's list of leftovers, and before the next command on the host the transport kills their
-groups (SIGTERM, a short grace, SIGKILL) and waits until none of their processes remain. If that
+groups (SIGTERM, a short grace, SIGKILL) and waits until none of their processes remain. What a
+command left in sessions of its own is found by the marker in its environment and by descent
+from what is found (a chain of daemons dies whole): the tree is stopped before it is signalled,
+so a link whose parent dies first is not lost to PID 1. If that
 cannot be confirmed, that next command is not sent: its result is a `transport_error` saying that
 leftovers of an earlier command may still run.
 """
@@ -101,6 +104,22 @@ _MARKED = (
     'read -r l 2>/dev/null < "/proc/$p/stat" || continue; case ${{l##*) }} in Z*|X*) continue;; esac; '
     "{each}; done; "
 )
+#: Defines tree: stops processes $@ and every process descended from them (SIGSTOP, walked again
+#: until the tree grows no more, so nothing in it forks away meanwhile), their pids then in $t
+#: (" a b c "); and kt: tree, then SIGKILL to them all. A chain of daemons, each in a session of
+#: its own and the parent of the next, dies whole, even the links that cleared their environment
+#: (and so carry no marker).
+_KILL_TREE = (
+    'tree() { t=" $* "; for q in "$@"; do kill -STOP "$q" 2>/dev/null; done; '
+    "while :; do new=; for q in /proc/[0-9]*; do q=${q#/proc/}; "
+    'case $t in *" $q "*) continue;; esac; '
+    'read -r l 2>/dev/null < "/proc/$q/stat" || continue; l=${l##*) }; '
+    "set -f; set -- $l; set +f; case $1 in Z|X|x) continue;; esac; "
+    'case $t in *" $2 "*) new="$new $q";; esac; done; '
+    '[ -z "$new" ] && break; for q in $new; do kill -STOP "$q" 2>/dev/null; done; '
+    't="$t$new "; done; }; '
+    'kt() { tree "$@"; for q in $t; do kill -KILL "$q" 2>/dev/null; done; }; '
+)
 #: Sets state, pgrp, sid and start (clock ticks after boot) from /proc/<pid>/stat of process $1.
 _PROC_INFO = (
     'info() { read -r l 2>/dev/null < "/proc/$1/stat" || return 1; l=${l##*) }; '
@@ -135,8 +154,12 @@ _WRAPPER = (
     'echo "$m setsid (util-linux) is not installed on the host" >&2; exit 125; fi; '
     'f="$d/$n.pid"; cd "$c" || exit; '
     f'setsid sh -c \'{_LEADER}\' apg-farm-cmd "$n" "$f" "$@"; s=$?; '
-    # What left the command's session (a setsid daemon) still carries its marker: killed now.
-    + _MARKED.format(ids="$n", each='kill -KILL "$p" 2>/dev/null')
+    # What left the command's session (a setsid daemon) still carries its marker: killed now,
+    # with every process descended from it; again until none of it is left.
+    + _KILL_TREE
+    + "r=0; while [ $r -lt 20 ]; do ps=; "
+    + _MARKED.format(ids="$n", each='ps="$ps $p"')
+    + '[ -z "$ps" ] && break; kt $ps; r=$((r+1)); sleep 0.05; done; '
     + 'g=; read -r g x 2>/dev/null < "$f"; '
     'case $g in ""|*[!0-9]*) rm -f "$f";; *) kill -0 "-$g" 2>/dev/null || rm -f "$f";; esac; '
     "exit $s"
@@ -150,16 +173,29 @@ _SETTLE = (
     'gt=$1; wt=$2; shift 2; m="apg-farm:"; '
     + _COMMAND_DIR.replace("{fail}", "3")
     + _PROC_INFO
-    + "sweep() { "
+    + _KILL_TREE
+    # $dp: the processes descended from the lost commands' (see frz), signalled with them.
+    + 'dp=" "; sweep() { '
     '[ "$1" = 0 ] || for g in $gs; do kill -"$1" "-$g" 2>/dev/null; done; '
     "if [ ! -r /proc/self/stat ]; then "
     'for g in $gs; do kill -0 "-$g" 2>/dev/null && return 0; done; return 1; fi; '
     "a=1; for p in /proc/[0-9]*; do "
     'info "${p#/proc/}" || continue; case $state in Z|X|x) continue;; esac; '
     'case " $gs " in *" $pgrp "*|*" $sid "*) a=0; '
+    '[ "$1" = 0 ] || kill -"$1" "${p#/proc/}" 2>/dev/null;; esac; '
+    'case $dp in *" ${p#/proc/} "*) a=0; '
     '[ "$1" = 0 ] || kill -"$1" "${p#/proc/}" 2>/dev/null;; esac; done; '
     + _MARKED.format(ids="$re", each='a=0; [ "$1" = 0 ] || kill -"$1" "$p" 2>/dev/null')
     + "return $a; }; "
+    # frz: the lost commands' processes (groups, sessions, markers, $dp) and all descended from
+    # them stopped, $dp set to them all: a chain's link whose parent dies first is not lost.
+    + "col() { rs=; for p in /proc/[0-9]*; do "
+    'info "${p#/proc/}" || continue; case $state in Z|X|x) continue;; esac; '
+    'case " $gs " in *" $pgrp "*|*" $sid "*) rs="$rs ${p#/proc/}";; esac; '
+    'case $dp in *" ${p#/proc/} "*) rs="$rs ${p#/proc/}";; esac; done; '
+    + _MARKED.format(ids="$re", each='rs="$rs $p"')
+    + "}; "
+    "frz() { [ -r /proc/self/stat ] || return 0; col; tree $rs; dp=$t; }; "
     're=; for n in "$@"; do re="${re:+$re|}$n"; done; '
     "gs=; ns=; "
     'for n in "$@"; do f="$d/$n.pid"; i=0; '
@@ -172,9 +208,9 @@ _SETTLE = (
     '""|*[!0-9]*|0|1) echo "$f does not name a process group" >&2; exit 3;; esac; '
     'if [ "$st" != - ] && info "$g" && [ "$start" != "$st" ]; then rm -f "$f"; continue; fi; '
     'gs="${gs:+$gs }$g"; ns="${ns:+$ns }$n"; done; '
-    "if sweep TERM; then sweep CONT; "
+    "frz; if sweep TERM; then sweep CONT; "
     'i=0; while [ $i -lt "$gt" ] && sweep 0; do i=$((i+1)); sleep 0.1; done; '
-    "if sweep KILL; then i=0; while sweep 0; do i=$((i+1)); "
+    "frz; if sweep KILL; then i=0; while sweep 0; do i=$((i+1)); "
     'if [ $i -ge "$wt" ]; then '
     'echo "processes of process group(s) $gs still run after SIGKILL" >&2; exit 4; fi; '
     "sleep 0.1; done; fi; fi; "
