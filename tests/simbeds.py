@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from apg_farm.beds import get_bed
 from apg_farm.cli import simulated_bed
@@ -58,3 +61,14 @@ def spec(
         timeouts=extra.pop("timeouts", Timeouts(verify=30, reset=30, run=60, grade=30)),
         **extra,
     )
+
+
+def bed_image() -> str:
+    """The container beds' image, $APG_FARM_TEST_BED_IMAGE (`.ci/run` builds it): skipped when
+    unset locally, a failure under CI."""
+    name = os.environ.get("APG_FARM_TEST_BED_IMAGE")
+    if not name:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but APG_FARM_TEST_BED_IMAGE is not: .ci/run builds it")
+        pytest.skip("APG_FARM_TEST_BED_IMAGE not set (bash fixtures/container/image.sh | tail -1)")
+    return name

@@ -28,12 +28,11 @@ from apg_farm.transports import CommandResult, LocalTransport
 from fixtures import simbed
 from fixtures.simbed import ddev as simddev
 from scheduler import submit
-from tests.simbeds import TEST_TIME_SCALE, make_beds, spec
+from tests.simbeds import TEST_TIME_SCALE, bed_image, make_beds, spec
 from tests.test_container_beds import ASSIGNMENTS, _container_ps, _phases
 from workers import AttemptEngine
 from workers.agent_stop import STOP_LISTING
 
-IN_CI = bool(os.environ.get("CI"))
 #: Every model fails every task on its own: a pass can only be a leftover process's doing.
 NO_SKILL = {"skill": {m: {t: 0.0 for t in simbed.DEFAULT_TASKS} for m in simbed.DEFAULT_MODELS}}
 
@@ -57,12 +56,7 @@ def made(tmp_path: Path) -> Iterator[list[Path]]:
 def _image(mode: str) -> str | None:
     if mode == "host-only":
         return None
-    name = os.environ.get("APG_FARM_TEST_BED_IMAGE")
-    if not name:
-        if IN_CI:
-            pytest.fail("CI is set but APG_FARM_TEST_BED_IMAGE is not: .ci/run builds it")
-        pytest.skip("APG_FARM_TEST_BED_IMAGE not set (bash fixtures/container/image.sh | tail -1)")
-    return name
+    return bed_image()
 
 
 def _bed(

@@ -25,12 +25,11 @@ from apg_farm.store import Attempt, Bed, Execution, Phase, Store, requeue_expire
 from fixtures import simbed
 from scheduler import submit
 from tests.services import live_processes
-from tests.simbeds import make_beds, spec
+from tests.simbeds import bed_image, make_beds, spec
 from tests.test_embedded import faults_are_contained
 from tests.test_quarantine import Operator
 from workers import AttemptEngine, EmbeddedExecutor
 
-IN_CI = bool(os.environ.get("CI"))
 #: run and grade as host commands; the default assignment has them as web commands.
 HOST_RUN_GRADE = [
     c for c in simbed.DEFAULT_WEB_COMMANDS if c not in ("ai-eval-run", "ai-eval-grade")
@@ -42,12 +41,7 @@ ATTEMPT_COMMANDS = ("ai-eval-reset", "ai-eval-run", "ai-eval-grade")
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    name = os.environ.get("APG_FARM_TEST_BED_IMAGE")
-    if not name:
-        if IN_CI:
-            pytest.fail("CI is set but APG_FARM_TEST_BED_IMAGE is not: .ci/run builds it")
-        pytest.skip("APG_FARM_TEST_BED_IMAGE not set (bash fixtures/container/image.sh | tail -1)")
-    return name
+    return bed_image()
 
 
 @pytest.fixture
