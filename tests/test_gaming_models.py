@@ -137,10 +137,14 @@ def test_a_gaming_model_gets_no_second_chance(
 @pytest.mark.slow
 def test_a_run_the_agent_hangs_is_scored(store: Store, tmp_path: Path) -> None:
     """The farm's run timeout fires on a run the agent hangs: scored, never retried."""
-    timeouts = Timeouts(verify=30, reset=30, run=1.0, grade=30)
-    honest, gamer, _ = _play(store, tmp_path, {"how": "hang"}, timeouts=timeouts)
+    # The gaming agent hangs for 10 s (agent_timeout_s at this time scale); honest runs end
+    # well inside the 3 s run timeout, so only the gaming runs are killed.
+    timeouts = Timeouts(verify=30, reset=30, run=3.0, grade=30)
+    honest, gamer, _ = _play(
+        store, tmp_path, {"how": "hang"}, timeouts=timeouts, config={"agent_timeout_s": 20000}
+    )
     _holds(honest, gamer)
-    assert gamer.reruns == 0
+    assert gamer.reruns == 0 and abs(honest.reported - SKILL) < 0.25
 
 
 @pytest.mark.slow
