@@ -53,8 +53,12 @@ def bed_queue(bed: str) -> str:
 def attempt_time_limits(spec: SweepSpec) -> tuple[float, float]:
     """(soft, hard) seconds for one attempt: every phase at its limit, plus a margin."""
     t = spec.timeouts
-    # escrow check, verify before, verify after: three commands under the verify limit.
-    phases = 3 * t.verify + t.reset + t.run + t.grade + (t.grade if spec.diff else 0.0)
+    # Under the verify limit: the escrow and DDEV checks (three), strays, verify before and
+    # after, the web environment, the process listings and kills around the reset and the run
+    # (about eight), the verify at baseline. Under the reset limit: the reset, a restart, the
+    # reset at baseline. Under the grade limit: the diffs (three), two grades, the grade at
+    # baseline. Generous: a soft limit that fires mid-attempt costs a retry.
+    phases = 16 * t.verify + 3 * t.reset + t.run + 6 * t.grade
     hard = phases + HARD_LIMIT_MARGIN
     return hard - SOFT_LIMIT_GRACE, hard
 

@@ -167,15 +167,17 @@ def _beds(store: Store) -> list[Bed]:
         return rows
 
 
-def test_infra_failures_everywhere_end_in_error_after_the_budget(
+def test_start_failures_everywhere_are_scored_after_the_budget(
     store: Store, tmp_path: Path
 ) -> None:
-    """With every bed failing to start the adapter, the attempt is ERROR after retries + 1 tries on distinct beds."""
+    """With every bed failing to start the adapter (at once, nothing changed), the attempt is
+    retried on distinct beds, retries + 1 tries; the token is agent-writable, so the last is
+    scored (NO_ATTEMPT), never an ERROR outside the denominator."""
     make_beds(store, tmp_path, 3, faults={i: {"adapter_fail": True} for i in range(3)})
     sweep_id = submit(store, spec(tasks=1, models=1, trials=1, retries=2)).sweep_id
     _run(store, sweep_id)
     [attempt] = _attempts(store, sweep_id)
-    assert attempt.outcome == Outcome.ERROR and "APG_CLAUDE_INSTALL_FAILED" in (
+    assert attempt.outcome == Outcome.NO_ATTEMPT and "APG_CLAUDE_INSTALL_FAILED" in (
         attempt.reason or ""
     )
     tries = [name for e, name in _executions(store) if e.attempt_id == attempt.id]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,12 @@ from apg_farm.contract import (
     judge_claim,
     judge_ddev_check,
     judge_grade,
+    judge_graded_at_baseline,
     judge_reset,
     judge_run,
-    judge_unrunnable_grade,
     judge_verify_after,
     judge_verify_before,
+    needs_baseline_grade,
     read_grade,
     read_output,
     with_quarantine,
@@ -261,12 +263,17 @@ def test_a_start_failure_is_a_claim_the_site_decides(stderr: str) -> None:
     assert slow.action == "continue" and slow.agent_failed and "put the site back" in slow.reason
 
 
-def test_a_run_timeout_is_a_claim_and_a_failed_link_is_not() -> None:
-    """The agent can hang its run on purpose; it cannot fail the farm's link."""
+def test_a_run_timeout_and_a_dropped_link_during_the_run_are_claims() -> None:
+    """The agent can hang its run on purpose, and kill its own session; both are claims the site
+    and the clock decide. A timed-out run is never quick."""
     timed = judge_run(out(None, timed_out=True), run_recorded=True)
     assert timed.claim and not timed.link_failure
     link = judge_run(out(None, transport_error="ssh closed"), run_recorded=True)
-    assert link.action == "retry" and link.link_failure and not link.claim
+    assert link.action == "retry" and link.claim and not link.link_failure
+    killed = judge_claim(timed, site=UNCHANGED, run_seconds=float("inf"), window=60)
+    assert killed.agent_failed and "run timeout" in killed.reason
+    believed = judge_claim(link, site=UNCHANGED, run_seconds=2, window=60)
+    assert believed.action == "retry" and believed.claim
 
 
 def test_a_bed_broken_token_on_a_changed_site_is_graded_and_still_quarantines() -> None:
@@ -292,26 +299,33 @@ def test_a_bed_not_at_baseline_after_the_reset_is_quarantined() -> None:
     assert moved.action == "retry" and moved.quarantine and "views.view.x" in moved.quarantine
 
 
-def test_a_grade_that_cannot_run_on_the_agents_site_is_its_failure() -> None:
-    """Unchanged site: the grader's fault (retry). Changed site and the grader works at
-    baseline: the agent's failure. Changed site and the grader fails at baseline too: retry and
-    quarantine."""
+def test_a_grade_without_a_verdict_after_the_run_is_decided_at_baseline() -> None:
+    """A grade that could not run, or said SKIPPED or INVALID, after the agent ran: the same grade
+    at baseline decides. It judges there: the agent's failure. The same skip or invalid envelope
+    there: it stands. It cannot run there either: retry and quarantine. A step of bringing the bed
+    back that failed counts against the agent (TAMPERED); a failed link retries."""
     failed = judge_grade(
         web_fail("ai-eval-grade", 2), grade=None, envelope_problem=None, agent_failed=False
     )
-    assert failed.action == "retry"
-    baseline_ok = Verdict("final", "score 0/5", outcome=Outcome.FAILED)
-    assert (
-        judge_unrunnable_grade(failed, site=UNCHANGED, baseline=None, agent_failed=False) == failed
-    )
-    theirs = judge_unrunnable_grade(failed, site=CHANGED, baseline=baseline_ok, agent_failed=False)
-    assert theirs.outcome == Outcome.FAILED
-    gave_up = judge_unrunnable_grade(failed, site=CHANGED, baseline=baseline_ok, agent_failed=True)
-    assert gave_up.outcome == Outcome.NO_ATTEMPT
-    broken = judge_unrunnable_grade(failed, site=CHANGED, baseline=failed, agent_failed=False)
+    skipped = Verdict("final", "no droost spec", outcome=Outcome.SKIPPED)
+    invalid = Verdict("final", "envelope rejected", outcome=Outcome.INVALID)
+    link = replace(failed, link_failure=True)
+    assert needs_baseline_grade(failed) and needs_baseline_grade(skipped)
+    assert needs_baseline_grade(invalid) and not needs_baseline_grade(link)
+    assert not needs_baseline_grade(Verdict("final", "x", outcome=Outcome.FAILED))
+    judged = Verdict("final", "score 0/5", outcome=Outcome.FAILED)
+    for verdict in (failed, skipped, invalid):
+        theirs = judge_graded_at_baseline(verdict, baseline=judged, agent_failed=False)
+        assert theirs.outcome == Outcome.FAILED and "at baseline" in theirs.reason
+        gave_up = judge_graded_at_baseline(verdict, baseline=judged, agent_failed=True)
+        assert gave_up.outcome == Outcome.NO_ATTEMPT
+    assert judge_graded_at_baseline(skipped, baseline=skipped, agent_failed=False) == skipped
+    assert judge_graded_at_baseline(invalid, baseline=invalid, agent_failed=False) == invalid
+    broken = judge_graded_at_baseline(failed, baseline=failed, agent_failed=False)
     assert broken.action == "retry" and broken.quarantine
-    unreachable = judge_unrunnable_grade(failed, site=CHANGED, baseline=None, agent_failed=False)
-    assert unreachable.action == "retry" and unreachable.quarantine
+    tampered = after_agent(Verdict("retry", "reset failed (exit 1)", quarantine="q"))
+    assert judge_graded_at_baseline(failed, baseline=tampered, agent_failed=False) == tampered
+    assert judge_graded_at_baseline(failed, baseline=link, agent_failed=False) == link
 
 
 def test_a_run_without_a_record_is_graded_live() -> None:

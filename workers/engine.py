@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from apg_farm import contract
@@ -49,11 +50,12 @@ from apg_farm.contract import (
     judge_ddev_check,
     judge_escrow_check,
     judge_grade,
+    judge_graded_at_baseline,
     judge_reset,
     judge_run,
-    judge_unrunnable_grade,
     judge_verify_after,
     judge_verify_before,
+    needs_baseline_grade,
     read_grade,
     read_usage,
     site_state,
@@ -403,7 +405,9 @@ class AttemptEngine:
             return
         if claim.probe and verdict.action == "final":
             close(self.store, session, claim.model, execution.started_at)
-        if ran and verdict.outcome in COUNTED and execution.provider_trouble is None:
+        # Not the record's word (an agent can write an outage into a run it passed): a run judged
+        # without believed trouble is one the provider answered.
+        if ran and verdict.outcome in COUNTED:
             outage_clean(session, claim.model, execution.started_at)
 
 
@@ -471,9 +475,10 @@ def _settle(
             f"{bed.consecutive_errors} infrastructure failures in a row; last: {verdict.reason}"
         )
     if row.infra_failures > retries:
-        return _done(
-            row, Outcome.ERROR, f"{verdict.reason} (after {row.infra_failures} tries)"
-        ), in_a_row
+        # A last try that was a believed claim (a start failure the agent could have written)
+        # does not take the attempt out of the denominator: it is scored.
+        outcome = Outcome.NO_ATTEMPT if verdict.claim else Outcome.ERROR
+        return _done(row, outcome, f"{verdict.reason} (after {row.infra_failures} tries)"), in_a_row
     row.state = AttemptState.QUEUED
     row.excluded_beds = sorted({*(row.excluded_beds or []), bed.id})
     row.reason = f"retrying: {verdict.reason}"
@@ -574,6 +579,9 @@ class _Attempt:
         for check in (
             lambda: self._check_ddev(after_run=True),
             lambda: self._stop_agent(baseline),
+            # Again once nothing of the agent's runs: a process of its own could have written a
+            # hook or a drush file after the first hash and before it was stopped.
+            lambda: self._check_ddev(after_run=True, name="ddev_check_stopped"),
             lambda: judge_verify_after(
                 self._phase("verify_after", self._verify(restore=False), spec.timeouts.verify)
             ),
@@ -807,7 +815,9 @@ class _Attempt:
     def _site(self) -> SiteState:
         """What the attempt changed, from the diff after the run (taken once)."""
         if self._site_seen is None:
-            self._site_seen = self._read_site("diff", self.run_id)
+            # Without --run: the farm keeps the report it captured; APG would also save it as
+            # diff.json in the agent-writable run folder.
+            self._site_seen = self._read_site("diff", None)
         return self._site_seen
 
     def _check_at_baseline(self) -> Verdict:
@@ -832,32 +842,40 @@ class _Attempt:
             # grade stamp another model or run, must not move the attempt out of the denominator.
             # The live site is what is judged: grade it again without the record.
             verdict = self._grade_once(run_verdict, dataset, run_id=None)
-        if verdict.action == "retry" and not verdict.link_failure:
-            # The site the agent left may be what broke the grade (outcomes.py, the rule).
-            site = self._site()
-            baseline = None if site.unchanged else self._grade_at_baseline(dataset)
+        if needs_baseline_grade(verdict):
+            # The site the agent left may be what kept the grade from judging (the rule).
             verdict = self._seen(
-                judge_unrunnable_grade(
-                    verdict, site=site, baseline=baseline, agent_failed=run_verdict.agent_failed
+                judge_graded_at_baseline(
+                    verdict,
+                    baseline=self._grade_at_baseline(dataset),
+                    agent_failed=run_verdict.agent_failed,
                 )
             )
         return with_quarantine(verdict, run_verdict.quarantine)
 
-    def _grade_at_baseline(self, dataset: str | None) -> Verdict | None:
-        """Whether the grader works on this bed: a trusted verify --restore, a reset and the same
-        grade of the live (baseline) site. None when the bed cannot be brought to baseline. The
+    def _grade_at_baseline(self, dataset: str | None) -> Verdict:
+        """The same grade on this bed brought back to baseline: a trusted verify --restore, a
+        reset and the diff, each of which passed here before the run, so a step that fails now
+        (not a failed link) is what the agent left and counts against it (after_agent). The
         attempt's own score and envelope are not touched."""
         spec, claim, bed = self.claim.spec, self.claim, self.bed
-        restored = judge_verify_before(
-            self._phase("verify_baseline", self._verify(restore=True), spec.timeouts.verify)
+        steps: tuple[Callable[[], Verdict], ...] = (
+            lambda: judge_verify_before(
+                self._phase("verify_baseline", self._verify(restore=True), spec.timeouts.verify)
+            ),
+            lambda: judge_reset(
+                self._phase(
+                    "reset_baseline",
+                    contract.reset(bed.ddev, list(bed.fixtures)),
+                    spec.timeouts.reset,
+                )
+            ),
+            lambda: judge_at_baseline(self._read_site("baseline_diff_again", None)),
         )
-        if self._seen(restored).action != "continue":
-            return None
-        reset = self._phase(
-            "reset_baseline", contract.reset(bed.ddev, list(bed.fixtures)), spec.timeouts.reset
-        )
-        if self._seen(judge_reset(reset)).action != "continue":
-            return None
+        for step in steps:
+            verdict = self._seen(step())
+            if verdict.action != "continue":
+                return after_agent(verdict)
         model = claim.model if dataset is not None else None
         argv = contract.grade(bed.ddev, claim.task, dataset=dataset, model=model, run_id=None)
         output, result = self._phase_result(
@@ -875,7 +893,15 @@ class _Attempt:
                 )
             except EnvelopeError as error:
                 problem = f"{error.problem}: {error.message}"
-        return judge_grade(output, grade=grade, envelope_problem=problem, agent_failed=False)
+        return self._seen(
+            judge_grade(
+                output,
+                grade=grade,
+                envelope_problem=problem,
+                agent_failed=False,
+                grader_mismatch=self._grader_mismatch(grade),
+            )
+        )
 
     def _grade_once(
         self, run_verdict: Verdict, dataset: str | None, *, run_id: str | None
@@ -911,24 +937,24 @@ class _Attempt:
                 grade=self.grade,
                 envelope_problem=problem,
                 agent_failed=run_verdict.agent_failed,
-                grader_mismatch=self._grader_mismatch(),
+                grader_mismatch=self._grader_mismatch(self.grade),
             )
         )
 
-    def _grader_mismatch(self) -> str | None:
+    def _grader_mismatch(self, grade: Grade | None) -> str | None:
         """The envelope's grader_tree_sha256 against the escrowed one, when both are known."""
         recorded = self.bed.grader_tree_sha256
-        graded = self.grade.provenance.get("grader_tree_sha256") if self.grade else None
+        graded = grade.provenance.get("grader_tree_sha256") if grade else None
         if recorded is None or graded is None or graded == recorded:
             return None
         return f"envelope grader_tree_sha256 {graded[:16]}…, escrow records {recorded[:16]}…"
 
-    def _check_ddev(self, *, after_run: bool) -> Verdict:
+    def _check_ddev(self, *, after_run: bool, name: str | None = None) -> Verdict:
         """The DDEV configuration against its fingerprint: one command on the host, never `ddev`."""
         if self.bed.ddev_files is None:
             return Verdict("retry", UNFINGERPRINTED, quarantine=UNFINGERPRINTED)
         argv = ddev_config_argv(self.bed.approot)
-        name = "ddev_check_after" if after_run else "ddev_check"
+        name = name or ("ddev_check_after" if after_run else "ddev_check")
         output, result = self._phase_result(name, argv, self.claim.spec.timeouts.verify)
         changes = hash_changes_in(self.bed.ddev_files, result)
         return judge_ddev_check(output, changes=changes, after_run=after_run)
@@ -964,8 +990,10 @@ class _Attempt:
         # Until its processes are confirmed gone, the next attempt here looks for them first.
         self._mark_agent_stopped(False)
         self.agent_started = True
+        self.engine.store.retrying(self._record_agent_started)
         output, result = self._phase_result("run", argv, spec.timeouts.run)
-        self.run_seconds = result.duration
+        # A run the farm had to kill is never quick: never believed to have not started.
+        self.run_seconds = math.inf if result.timed_out else result.duration
         try:
             after, broken = self._list_runs(runs), None
         except ListingFailed as error:
@@ -991,6 +1019,17 @@ class _Attempt:
             tokens_dropped=result.stderr.token_lines_dropped,
         )
         return with_quarantine(verdict, broken)
+
+    def _record_agent_started(self) -> None:
+        """Committed before the run is issued: a worker that dies during the run still leaves
+        its execution counted as a re-run after the agent started."""
+        with self.engine.store.session() as session:
+            session.execute(
+                update(Execution)
+                .where(Execution.id == self.claim.execution_id)
+                .values(agent_started=True)
+                .execution_options(synchronize_session=False)
+            )
 
     def _list_runs(self, runs: str) -> set[str]:
         """The names under runs/; a listing cut at its limit adds nothing new (only a printed id,

@@ -290,10 +290,11 @@ def judge_run(
         verdict = _retry(
             f"run failed before the adapter started (exit {output.exit_code}, no run record)"
         )
-    if verdict.action == "retry" and not verdict.link_failure:
-        # A token, a missing record, DDEV's start failure and a timeout can all be the agent's
-        # doing once it ran: believed only on evidence it cannot write (judge_claim).
-        verdict = replace(verdict, claim=True)
+    if verdict.action == "retry":
+        # A token, a missing record, DDEV's start failure, a timeout, even a link that dropped
+        # (the agent can kill its own session) can all be the agent's doing once it ran:
+        # believed only on evidence it cannot write (judge_claim).
+        verdict = replace(verdict, claim=True, link_failure=False)
     flood = (
         f"run stderr held {tokens_dropped} more APG_ token lines than are kept: a leaked token "
         "may hide among them; read the run's transcript and revoke the token if it leaked"
@@ -315,20 +316,23 @@ def judge_claim(verdict: Verdict, *, site: SiteState, run_seconds: float, window
     way: a human looks at a bed that printed a bed-configuration token."""
     reason = verdict.reason
     fast = run_seconds <= window
+    took = (
+        "was killed at the sweep's run timeout"
+        if run_seconds == float("inf")
+        else (f"took {run_seconds:.1f} s, longer than a start failure's {window:g} s")
+    )
     if site.unchanged and fast:
         return Verdict(
             "retry",
             f"{reason}; {site.evidence} and the run ended after {run_seconds:.1f} s: nobody "
             "acted, retried elsewhere",
             quarantine=verdict.quarantine,
+            claim=True,
         )
     if not site.unchanged:
         why = f"{site.evidence}, so the agent may have acted"
     else:
-        why = (
-            f"the run took {run_seconds:.1f} s, longer than a start failure's {window:g} s: "
-            "the agent may have worked and put the site back"
-        )
+        why = f"the run {took}: the agent may have worked and put the site back"
     return Verdict(
         "continue",
         f"agent failed: {reason.removeprefix('agent failed: ')}; {why}",
@@ -359,36 +363,6 @@ def judge_at_baseline(site: SiteState) -> Verdict:
         return CONTINUE
     reason = f"not at baseline after the reset: {site.evidence}"
     return _retry(reason, quarantine=reason)
-
-
-def judge_unrunnable_grade(
-    verdict: Verdict, *, site: SiteState, baseline: Verdict | None, agent_failed: bool
-) -> Verdict:
-    """The grade could not run (`verdict`, a retry that is not a failed link). On a site the diff
-    shows unchanged the grader itself fails: infrastructure. On a site the agent changed, the
-    farm first grades the same bed at baseline (`baseline`, after a trusted verify and a reset):
-    when that grade runs, the grader works and the agent's site broke it, which is the agent's
-    failure; when it does not, the grader is broken and the bed is quarantined."""
-    if site.unchanged:
-        return verdict
-    graded = baseline is not None and baseline.outcome in (
-        Outcome.PASSED,
-        Outcome.FAILED,
-        Outcome.NO_ATTEMPT,
-    )
-    if baseline is not None and graded:
-        outcome = Outcome.NO_ATTEMPT if agent_failed else Outcome.FAILED
-        return _final(
-            outcome,
-            f"{verdict.reason} on the site the agent left ({site.evidence}); the same grade "
-            f"runs on this bed at baseline ({baseline.reason})",
-            quarantine=verdict.quarantine,
-        )
-    why = baseline.reason if baseline is not None else "the bed could not be brought to baseline"
-    return _retry(
-        f"{verdict.reason}; at baseline too: {why}",
-        quarantine=f"the grade does not run on this bed at baseline: {why}",
-    )
 
 
 def with_quarantine(verdict: Verdict, quarantine: str | None) -> Verdict:
@@ -467,6 +441,49 @@ def judge_grade(
             Outcome.NO_ATTEMPT, f"agent failed and the grade found nothing passing ({score})"
         )
     return _final(Outcome.FAILED, score)
+
+
+#: What a grade said of a site when it judged it: a verdict that counts.
+GRADED: frozenset[Outcome] = frozenset({Outcome.PASSED, Outcome.FAILED, Outcome.NO_ATTEMPT})
+
+
+def needs_baseline_grade(verdict: Verdict) -> bool:
+    """A grade after the agent ran that gave no counted verdict: it could not run (not a failed
+    link), or it said SKIPPED or INVALID. The site the agent left may have made it so (its module
+    code runs inside the grade), so the farm grades the same bed at baseline to tell."""
+    if verdict.action == "retry":
+        return not verdict.link_failure
+    return verdict.outcome in (Outcome.SKIPPED, Outcome.INVALID)
+
+
+def judge_graded_at_baseline(verdict: Verdict, *, baseline: Verdict, agent_failed: bool) -> Verdict:
+    """`verdict` (see needs_baseline_grade) against the same grade of the bed brought back to
+    baseline (a trusted verify --restore, a reset, the diff: `baseline` is that grade's verdict,
+    or the after_agent verdict of whichever step failed). When the grade judges the baseline
+    site, the grader works and the agent's site is what kept it from judging: the agent's
+    failure (FAILED, NO_ATTEMPT after an agent failure). When it gives the same skip or the same
+    invalid envelope there, that is the task's or the grader's: `verdict` stands. When it cannot
+    run there either, the grader is broken: retry elsewhere and quarantine the bed."""
+    if baseline.outcome in GRADED:
+        outcome = Outcome.NO_ATTEMPT if agent_failed else Outcome.FAILED
+        said = verdict.outcome or "could not run"
+        return _final(
+            outcome,
+            f"the grade of the site the agent left gave no verdict ({said}: {verdict.reason}); "
+            f"the same grade judges this bed at baseline ({baseline.reason})",
+            quarantine=verdict.quarantine,
+        )
+    if baseline.action == "final" and baseline.outcome == verdict.outcome:
+        return verdict
+    if baseline.action == "final" and baseline.outcome == Outcome.TAMPERED:
+        return baseline  # bringing the bed back after the agent failed: counted against it
+    if baseline.link_failure:
+        return baseline
+    why = baseline.reason
+    return _retry(
+        f"{verdict.reason}; at baseline too: {why}",
+        quarantine=f"the grade does not run on this bed at baseline: {why}",
+    )
 
 
 #: Exit code of the escrow hash command when the set's folder is gone (see apg_farm/beds/escrow.py).

@@ -68,7 +68,7 @@ def read_usage(data: bytes | None) -> Usage | None:
         return None
     try:
         record = json.loads(data.decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):  # the agent can write anything there, nesting too
         return None
     if not isinstance(record, dict):
         return None

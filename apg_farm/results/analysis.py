@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from apg_farm import __version__
 from apg_farm.contract import Outcome
+from apg_farm.contract.outcomes import GRADED as GRADED_OUTCOMES
 from apg_farm.results import queries
 from apg_farm.results.costs import add_costs
 from apg_farm.results.report import CELL_COUNTS, report_from_cells
@@ -49,7 +50,7 @@ PHASE_ORDER = (
 )
 
 #: Outcomes whose envelope was read and accepted: these are the graded attempts.
-GRADED: frozenset[str] = frozenset({Outcome.PASSED, Outcome.FAILED, Outcome.NO_ATTEMPT})
+GRADED: frozenset[str] = GRADED_OUTCOMES
 
 #: Envelope provenance fields summarised per sweep (the bed's code and data fingerprints).
 FINGERPRINTS = (
