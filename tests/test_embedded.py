@@ -223,16 +223,21 @@ def test_bad_bed_output_is_invalid_and_nothing_is_lost(store: Store, tmp_path: P
         assert all(p.stdout_bytes > 0 for p in grades)
 
 
-def test_hung_run_is_killed_and_retried_elsewhere(store: Store, tmp_path: Path) -> None:
-    """A run that never ends hits the sweep's run timeout, is killed, and the attempt passes or fails on another bed."""
+def test_a_hung_run_is_killed_and_scored(store: Store, tmp_path: Path) -> None:
+    """A run that never ends hits the sweep's run timeout and is killed in bounded time; the
+    agent could hang its run on purpose, so it is graded as the agent's failure, never retried."""
     make_beds(store, tmp_path, 2, faults={0: {"hang": {"command": "ai-eval-run"}}})
     timeouts = Timeouts(verify=30, reset=30, run=2, grade=30)
     sweep_id = submit(store, spec(tasks=1, models=1, trials=2, timeouts=timeouts)).sweep_id
     _run(store, sweep_id)
-    attempts = _attempts(store, sweep_id)
-    assert {a.outcome for a in attempts} <= {Outcome.PASSED, Outcome.FAILED}
     hung = [e for e, name in _executions(store) if name == "bed0"]
-    assert hung and all(e.result == "RETRY" for e in hung)
+    assert hung and all(e.result == Outcome.NO_ATTEMPT for e in hung)
+    assert all("run timeout" in (e.reason or "") for e in hung)
+    assert {a.outcome for a in _attempts(store, sweep_id)} <= {
+        Outcome.PASSED,
+        Outcome.FAILED,
+        Outcome.NO_ATTEMPT,
+    }
     with store.session() as session:
         run = session.scalars(
             select(Phase).where(Phase.execution_id == hung[0].id, Phase.name == "run")
@@ -278,8 +283,8 @@ def test_diff_evidence_is_kept_per_execution(store: Store, tmp_path: Path) -> No
     # The judging code is checked before the attempt and again right after the run, before any
     # other ddev command: the escrow set, the DDEV configuration, the trusted verifier.
     order = ["escrow_check", "ddev_check", "verify_before", "reset", "baseline_diff", "run"]
-    order.append("ddev_check_after")
-    assert names == [[*order, "verify_after", "diff", "grade"]] * 2
+    order += ["ddev_check_after", "ddev_check_stopped", "verify_after", "diff", "grade"]
+    assert names == [order] * 2
     assert all('"changed"' in p.stdout for p in diffs)
 
 

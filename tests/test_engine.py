@@ -73,7 +73,7 @@ def test_bed_commands_never_see_farm_settings(
     AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
     with store.session() as session:
         argvs = [p.argv for p in session.scalars(select(Phase))]
-    assert len(argvs) == 10 and not any("hunter2" in " ".join(a) for a in argvs)
+    assert len(argvs) == 11 and not any("hunter2" in " ".join(a) for a in argvs)
     log = simbed.read_log(Path(bed.approot))
     commands = {line["command"] for line in log}
     assert {"ai-eval-reset", "ai-eval-run", "ai-eval-grade"} <= commands
@@ -133,5 +133,6 @@ def test_database_connections_killed_mid_attempt_are_survived(
         phases = session.scalars(select(Phase)).all()
     assert [a.state for a in attempts] == [AttemptState.DONE] * 2
     assert len(executions) == 2 and all(e.result in ("PASSED", "FAILED") for e in executions)
-    # 9 phases each: escrow and DDEV checks, verify, reset, run, DDEV check, verify, diff, grade.
-    assert len(phases) == 20 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 20
+    # 11 phases each: escrow and DDEV checks, verify, reset, baseline diff, run, two DDEV checks,
+    # verify, diff, grade.
+    assert len(phases) == 22 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 22
