@@ -749,7 +749,10 @@ class _Attempt:
         verdict = self._seen(self._clear_after_reset())
         if verdict.action != "continue":
             return verdict
-        return self._container_processes("processes_before")
+        listed = self._container_processes("processes_before")
+        # Without the listing's own `ps` and its shell: gone at once, their pids could be taken
+        # by an agent process that would then pass for the baseline's.
+        return listed if isinstance(listed, Verdict) else stop_listing(listed)
 
     def _clear_after_reset(self) -> Verdict:
         """Kill every container process that is not in the trusted listing (the last confirmed

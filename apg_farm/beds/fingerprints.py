@@ -7,10 +7,13 @@ during its run changes what the very next `ddev` call does, the grade included. 
 the sha256 of these files when a bed is enrolled or escrowed and checks them before each attempt
 and right after the run, before any other `ddev` command.
 
-With them, every file under the project's `drush/` folder: APG's reset ends with `drush cr`,
-which loads the project's drush commandfiles (`drush/Commands/`, `drush/drush.yml` and what it
-includes), and the reset does not restore `drush/`. A commandfile planted there would run inside
-the next attempt's reset, where the agent of that attempt cannot be blamed for it.
+With them, every file under the project's `drush/` folder (and drush's other search paths):
+APG's reset ends with `drush cr`, which loads the project's drush commandfiles (`drush/Commands/`,
+`drush/drush.yml` and what it includes), and the reset does not restore `drush/`. A commandfile
+planted there would run inside the next attempt's reset, where the agent of that attempt cannot
+be blamed for it. And the parts of `.ddev/` DDEV applies when it starts or restarts the project
+(`php/` ini files, `web-build/`, `web-entrypoint.d/`, `homeadditions/`, web server and database
+overrides): the farm itself restarts a web container whose stop it could not confirm.
 """
 
 from __future__ import annotations
@@ -27,7 +30,23 @@ from apg_farm.transports import Transport, transport_in_use
 #: Seconds the hash may take (a handful of small files).
 HASH_TIMEOUT = 60.0
 
-# POSIX sh + find + sha256sum, one level of .ddev only: the files DDEV reads as configuration.
+#: Folders hashed whole with the DDEV configuration (relative to the approot).
+RESET_LOADED = (
+    "drush",
+    "web/drush",
+    "web/sites/all/drush",
+    ".ddev/php",
+    ".ddev/web-build",
+    ".ddev/web-entrypoint.d",
+    ".ddev/homeadditions",
+    ".ddev/nginx",
+    ".ddev/nginx_full",
+    ".ddev/apache",
+    ".ddev/mysql",
+    ".ddev/postgres",
+)
+
+# POSIX sh + find + sha256sum, one level of .ddev: the files DDEV reads as configuration.
 # Anything there that is not a regular file (a symlink, a FIFO) is listed as such, never followed.
 DDEV_CONFIG_SCRIPT = (
     'r=$1; cd -- "$1/.ddev" 2>/dev/null || { echo "no .ddev folder in $1" >&2; exit '
@@ -36,11 +55,14 @@ DDEV_CONFIG_SCRIPT = (
     "-o -name 'docker-compose.*.yaml' -o -name 'docker-compose.*.yml' ')'\n"
     "find . -maxdepth 1 \"$@\" ! -type d ! -type f -exec printf 'not-a-file  %s\\n' {} + "
     '&& find . -maxdepth 1 "$@" -type f -exec sha256sum -- {} +'
-    # The project's drush/ folder, whole: the reset's `drush cr` loads the commandfiles there
-    # (agent-writable, not restored by the reset). Listed as `drush/...`; never followed.
-    ' && cd -- "$r" && if [ -e drush ] || [ -L drush ]; then '
-    "find drush ! -type d ! -type f -exec printf 'not-a-file  %s\\n' {} + "
-    "&& find drush -type f -exec sha256sum -- {} +; fi\n"
+    # Whole folders, listed from the approot (`drush/...`, `.ddev/php/...`), never followed:
+    # what the reset's `drush cr` loads (drush's search paths), and the parts of .ddev DDEV
+    # applies at the next start or restart (PHP ini files, image builds, entrypoints, the home
+    # folder's additions, web server and database overrides). None is restored by the reset.
+    ' && cd -- "$r" && for d in ' + " ".join(RESET_LOADED) + "; do "
+    'if [ -e "$d" ] || [ -L "$d" ]; then '
+    "find \"$d\" ! -type d ! -type f -exec printf 'not-a-file  %s\\n' {} + "
+    '&& find "$d" -type f -exec sha256sum -- {} + || exit 1; fi; done\n'
 )
 
 #: An escrow set's copy of the grader fingerprint (APG: `grader.<set>.sha256`).
