@@ -19,8 +19,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from apg_farm import __version__
+from apg_farm.contract import GRADED as GRADED_OUTCOMES
 from apg_farm.contract import Outcome
-from apg_farm.contract.outcomes import GRADED as GRADED_OUTCOMES
 from apg_farm.results import queries
 from apg_farm.results.costs import add_costs
 from apg_farm.results.report import CELL_COUNTS, report_from_cells
