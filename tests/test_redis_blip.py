@@ -109,18 +109,23 @@ def blip_farm(
 
 
 def _in_run_phase(store: Store) -> set[int]:
-    """Executions inside their run phase right now (reset done, nothing recorded after it)."""
+    """Executions inside their run phase right now (the agent started, the run not recorded)."""
     with store.read() as session:
-        rows = session.execute(
-            select(Execution.id, Phase.name)
-            .join(Phase, Phase.execution_id == Execution.id)
-            .where(Execution.finished_at.is_(None))
-            .order_by(Phase.id)
-        ).all()
-    last: dict[int, str] = {}
-    for execution_id, name in rows:
-        last[execution_id] = name
-    return {e for e, name in last.items() if name == "reset"}
+        started = set(
+            session.scalars(
+                select(Execution.id).where(
+                    Execution.finished_at.is_(None), Execution.agent_started.is_(True)
+                )
+            )
+        )
+        ran = set(
+            session.scalars(
+                select(Phase.execution_id).where(
+                    Phase.execution_id.in_(started), Phase.name == "run"
+                )
+            )
+        )
+    return started - ran
 
 
 @contextlib.contextmanager
