@@ -203,7 +203,8 @@ def test_a_run_timeout_leaves_nothing_running(
     assignment: str, store: Store, tmp_path: Path, beds_made: list[Path], image: str
 ) -> None:
     """The farm kills the host-side `ddev` at the run timeout; the run itself goes on in the
-    container until the farm stops it, before the verify."""
+    container until the farm stops it, before the verify. The agent could hang its run on
+    purpose, so the run is graded as its failure (NO_ATTEMPT), never retried."""
     [bed] = _container_beds(
         store,
         tmp_path,
@@ -217,12 +218,12 @@ def test_a_run_timeout_leaves_nothing_running(
         store, spec(tasks=1, models=1, trials=1, retries=0, timeouts=_short_run())
     ).sweep_id
     report = AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
-    assert report is not None and report.outcome == Outcome.ERROR
+    assert report is not None and report.outcome == Outcome.NO_ATTEMPT, report
     phases = _phases(store, report.claim.execution_id)
     run = next(p for p in phases if p.name == "run")
     assert run.timed_out
     names = [p.name for p in phases]
-    assert "verify_after" in names, names
+    assert "verify_after" in names and "grade" in names, names
     if assignment == "web":
         # The run goes on in the container after its `ddev` was killed: the farm stopped it.
         assert "stop_agent" in names, names
