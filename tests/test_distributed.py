@@ -91,8 +91,7 @@ def _wait_for_run_phase(store: Store, deadline: float) -> str:
             row = session.execute(
                 select(Bed.name)
                 .join(Execution, Execution.bed_id == Bed.id)
-                .join(Phase, Phase.execution_id == Execution.id)
-                .where(Phase.name == "reset", Execution.finished_at.is_(None))
+                .where(Execution.agent_started.is_(True), Execution.finished_at.is_(None))
                 .limit(1)
             ).first()
         if row:

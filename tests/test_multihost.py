@@ -98,18 +98,17 @@ def test_cutting_one_hosts_link_mid_attempt_retries_on_the_other_host(
 
 
 def _wait_for_run_on(store: Store, beds: tuple[str, ...], timeout: float = 60) -> int:
-    """The execution on one of `beds` whose reset just ended (its agent run is starting)."""
+    """The execution on one of `beds` whose agent run is starting (committed just before the run
+    is issued)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with store.session() as session:
             found = session.scalar(
                 select(Execution.id)
-                .join(Phase, Phase.execution_id == Execution.id)
                 .join(Bed, Bed.id == Execution.bed_id)
                 .where(
                     Bed.name.in_(beds),
-                    Phase.name == "reset",
-                    Phase.exit_code == 0,
+                    Execution.agent_started.is_(True),
                     Execution.finished_at.is_(None),
                 )
                 .limit(1)

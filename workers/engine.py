@@ -591,8 +591,11 @@ class _Attempt:
             if verdict.action == "final":
                 return verdict
             if verdict.action == "retry":
-                # The run's own failed link, if it had one, is the reason to give.
-                return run_verdict if run_verdict.link_failure else verdict
+                # Only a failed link gets here: the bed cannot be judged now, so the claim (if
+                # the run made one) is not judged either; the run's own reason is the one to give.
+                if run_verdict.action == "retry":
+                    return replace(run_verdict, claim=False, link_failure=True)
+                return verdict
         self.usage = self._read_usage()
         if run_verdict.claim or run_verdict.adapter_not_started:
             # The run says it never got going; the agent may have written that (judge_claim).
