@@ -6,6 +6,7 @@ out of the denominator."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,15 @@ HONEST, GAMER = simbed.DEFAULT_MODELS[:2]
 SKILL = 0.3
 TASKS = ("dv01_view_build", "cv01_canvas_home", "dv02_view_filter")
 TRIALS = 12
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    """The policy under test is the engine's, not the store's: the gaming scenarios run on
+    SQLite only (the outage rule, which locks a gate row, runs on both stores)."""
+    s = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+    yield s
+    s.dispose()
 
 
 @dataclass
@@ -124,8 +134,9 @@ def _holds(honest: Rates, gamer: Rates) -> None:
     ],
 )
 def test_a_gaming_model_gets_no_second_chance(
-    store: Store, tmp_path: Path, game: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    sqlite_store: Store, tmp_path: Path, game: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = sqlite_store
     # An adapter that fails to start does so at once; the gaming agent works first (0.06-0.45 s
     # at this time scale), so its claims come too late to be believed.
     monkeypatch.setenv("APG_FARM_START_WINDOW", "0.05")
@@ -135,8 +146,9 @@ def test_a_gaming_model_gets_no_second_chance(
 
 
 @pytest.mark.slow
-def test_a_run_the_agent_hangs_is_scored(store: Store, tmp_path: Path) -> None:
+def test_a_run_the_agent_hangs_is_scored(sqlite_store: Store, tmp_path: Path) -> None:
     """The farm's run timeout fires on a run the agent hangs: scored, never retried."""
+    store = sqlite_store
     # The gaming agent hangs for 10 s (agent_timeout_s at this time scale); honest runs end
     # well inside the 3 s run timeout, so only the gaming runs are killed.
     timeouts = Timeouts(verify=30, reset=30, run=3.0, grade=30)
