@@ -8,7 +8,7 @@ from typing import Any
 
 from apg_farm.results.costs import TOKENS
 from apg_farm.results.report import CELL_COUNTS
-from apg_farm.results.second_chance import KINDS
+from apg_farm.results.second_chance import CELL_KEYS, KINDS
 
 #: CSV columns, one row per (task, model).
 CSV_COLUMNS = (
@@ -32,16 +32,12 @@ CSV_COLUMNS = (
     "cost_per_pass_high",
     *TOKENS,
     # The second-chance bias (docs/analysis.md, "Second-chance bias").
-    "started_attempts",
-    "rerun_attempts",
-    "reruns",
-    *(f"reruns_{kind}" for kind in KINDS),
-    "rerun_share",
-    "lower_bound_n",
-    "lower_bound_passed",
-    "lower_bound_rate",
-    "lower_bound_ci_low",
-    "lower_bound_ci_high",
+    # Its one dict (reruns_by_kind) spread into a column per kind.
+    *(
+        column
+        for key in CELL_KEYS
+        for column in ([f"reruns_{kind}" for kind in KINDS] if key == "reruns_by_kind" else [key])
+    ),
 )
 
 
