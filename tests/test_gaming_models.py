@@ -163,13 +163,16 @@ def test_a_run_the_agent_hangs_is_scored(sqlite_store: Store, tmp_path: Path) ->
 def test_a_model_faking_outages_is_bounded(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It reverts its site and writes a rate limit into its record whenever it fails: the outage
-    rule (pacing.believe_outage) believes a few claims, not one per failure."""
+    """It reverts its site and writes a rate limit into its record whenever it fails, after
+    working (0.06-0.45 s here): a provider that is down refuses at once (the start window), so
+    none of its claims is believed. (Without the window, the outage rule alone let 8 of them
+    through in one CI run: each failing probe of an outage it opened was believed.)"""
     monkeypatch.setenv("APG_FARM_PROVIDER_BACKOFF", "0.05")
     monkeypatch.setenv("APG_FARM_PROVIDER_BACKOFF_MAX", "0.2")
+    monkeypatch.setenv("APG_FARM_START_WINDOW", "0.05")
     honest, gamer, quarantined = _play(store, tmp_path, {"how": "provider_revert"})
     _holds(honest, gamer)
-    assert quarantined == 0
+    assert gamer.reruns == 0 and quarantined == 0, (gamer, quarantined)
 
 
 def test_a_start_failure_that_comes_at_once_on_an_unchanged_site_is_retried(

@@ -339,3 +339,34 @@ def test_a_failed_probe_doubles_the_pause_and_a_burst_counts_once(store: Store) 
     with store.session() as session:
         close(store, session, M0, db_time(store, session))
     assert gate().trips == 0 and gate().paused_until is None
+
+
+def test_an_outage_goes_on_until_a_later_run_ends_clean_and_a_new_one_waits_out_the_quiet(
+    store: Store,
+) -> None:
+    """pacing.believe_outage, step by step on the store's clock: the first claim opens an outage,
+    claims inside it are believed, a clean run that started before it does not end it, one that
+    started after does, and a new outage inside the quiet period is refused."""
+    from datetime import timedelta
+
+    from apg_farm.store import believe_outage, db_time, outage_clean
+
+    def believe(quiet: float = 600) -> str | None:
+        with store.session() as session:
+            return believe_outage(store, session, M0, quiet=quiet)
+
+    with store.session() as session:
+        before = db_time(store, session) - timedelta(seconds=5)
+    assert believe() is None  # opens the outage
+    assert believe() is None  # the outage goes on
+    with store.session() as session:
+        outage_clean(session, M0, before)  # started before the outage: says nothing about it
+    assert believe() is None
+    with store.session() as session:
+        outage_clean(session, M0, db_time(store, session) + timedelta(seconds=1))
+    refused = believe()
+    assert refused is not None and "a new one is believed once in 600 s" in refused
+    assert believe(quiet=0) is None  # past the quiet period: a new outage
+    with store.read() as session:
+        gate = session.get_one(ModelGate, M0)
+    assert gate.outage_since is not None and gate.outage_ended_at is None

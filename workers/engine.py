@@ -627,7 +627,8 @@ class _Attempt:
         (outcomes.md) and the site is unchanged; None when the usual policy judges the run.
 
         The record is written in the bed, so an agent could claim an outage to be tried again:
-        only a run that changed nothing is believed, and only PROVIDER_RETRIES times per attempt.
+        only a run that ended within the start window and changed nothing is believed, only
+        PROVIDER_RETRIES times per attempt, and only while pacing.believe_outage believes it.
         """
         kind = self.usage.provider_trouble if self.usage else None
         if kind is None or run_verdict.quarantine:
@@ -635,6 +636,15 @@ class _Attempt:
         claimed = f"the adapter's record claims provider trouble ({kind}), not believed"
         if self.claim.provider_failures >= PROVIDER_RETRIES:
             self.doubts.append(f"{claimed}: {PROVIDER_RETRIES} believed already")
+            return None
+        window = self.engine.start_window
+        if self.run_seconds > window:
+            # A provider that is down refuses the first call: a run that went on longer may have
+            # worked, seen itself failing and put the site back (the start claims' rule).
+            self.doubts.append(
+                f"{claimed}: the run took {self.run_seconds:.1f} s, longer than a provider "
+                f"that is down takes to refuse ({window:g} s)"
+            )
             return None
         site = self._site()
         if not site.unchanged:
