@@ -267,7 +267,7 @@ def window_metrics(store: Any, sweep_name: str, beds: int, t0: float, t1: float)
 
 def cancel(store: Any, sweep_name: str) -> None:
     from apg_farm.results import find_sweep
-    from scheduler import cancel_sweep
+    from apg_farm.store import cancel_sweep
 
     with contextlib.suppress(Exception):
         cancel_sweep(store, find_sweep(store, sweep_name).id)

@@ -3,7 +3,7 @@
 `plan` expands a sweep into attempt keys and `submit` stores them (`estimate` says beforehand
 what they would cost and take, from earlier executions); `queues` names the broker's
 queues and tasks and `publish` sends attempts to them; `reconciler` (with `broker_view`) makes the
-broker match the store again; `control` cancels, retries, reports status and which workers are
+broker match the store again; `control` reports status and which workers are
 alive (their heartbeats). Imports results, store and contract; never workers.
 """
 
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from scheduler.control import (
     WorkerSeen,
-    cancel_sweep,
     live_workers,
     parse_retry_outcomes,
-    retry_attempts,
     store_now,
     sweep_status,
     worker_beats,
@@ -55,7 +53,6 @@ __all__ = [
     "attempt_of",
     "attempt_time_limits",
     "bed_queue",
-    "cancel_sweep",
     "estimate_sweep",
     "expand",
     "live_workers",
@@ -64,7 +61,6 @@ __all__ = [
     "pool_queue",
     "publish_attempts",
     "reconcile",
-    "retry_attempts",
     "store_now",
     "submit",
     "sweep_status",

@@ -7,49 +7,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome
-from apg_farm.errors import BadInput, NotFound
-from apg_farm.store import (
+from apg_farm.errors import BadInput
+from apg_farm.store import (  # cancel_sweep, retry_attempts: the lifecycle's
     Attempt,
     AttemptState,
     Bed,
     BedState,
     Store,
     Sweep,
-    SweepState,
     WorkerBeat,
     pace_status,
-    rowcount,
-    utcnow,
 )
 from scheduler.queues import LIVE_WITHIN
-
-
-def cancel_sweep(store: Store, sweep_id: int) -> int:
-    """Mark the sweep cancelled and its queued attempts CANCELLED; running ones stop at a phase boundary."""
-    now = utcnow()
-    with store.session() as session:
-        sweep = session.get(Sweep, sweep_id)
-        if sweep is None:
-            raise NotFound(f"no sweep with id {sweep_id}")
-        sweep.state = SweepState.CANCELLED
-        sweep.cancelled_at = sweep.cancelled_at or now
-        return rowcount(
-            session.execute(
-                update(Attempt)
-                .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED)
-                .values(
-                    state=AttemptState.DONE,
-                    outcome=Outcome.CANCELLED,
-                    reason="sweep cancelled before the attempt ran",
-                    finished_at=now,
-                )
-                .execution_options(synchronize_session=False)
-            )
-        )
 
 
 def store_now(session: Session, store: Store) -> datetime:
@@ -187,32 +160,3 @@ def parse_retry_outcomes(text: str) -> set[Outcome]:
             )
         chosen.add(Outcome(name))
     return chosen
-
-
-def retry_attempts(store: Store, sweep_id: int, outcomes: set[Outcome]) -> int:
-    """Put finished attempts with these outcomes back in the queue; their executions stay as history."""
-    with store.session() as session:
-        sweep = session.get(Sweep, sweep_id)
-        if sweep is None:
-            raise NotFound(f"no sweep with id {sweep_id}")
-        if sweep.state != SweepState.OPEN:
-            raise BadInput(f"sweep {sweep.name} was cancelled", fix="submit it under a new name")
-        rows = list(
-            session.scalars(
-                select(Attempt).where(
-                    Attempt.sweep_id == sweep_id,
-                    Attempt.state == AttemptState.DONE,
-                    Attempt.outcome.in_([o.value for o in outcomes]),
-                )
-            )
-        )
-        for attempt in rows:
-            attempt.reason = f"retry requested after {attempt.outcome}: {attempt.reason}"
-            attempt.state = AttemptState.QUEUED
-            attempt.outcome = None
-            attempt.finished_at = None
-            attempt.infra_failures = 0
-            attempt.deliveries = 0
-            attempt.excluded_beds = []
-            attempt.enqueued_at = None
-        return len(rows)

@@ -24,6 +24,7 @@ from apg_farm.store import (
     BedState,
     Execution,
     Store,
+    cancel_sweep,
     claim_next,
     claims,
     renew_lease,
@@ -31,7 +32,7 @@ from apg_farm.store import (
     utcnow,
 )
 from apg_farm.store.claims import HAND_BACK_LIMIT
-from scheduler import cancel_sweep, submit
+from scheduler import submit
 from tests.simbeds import make_beds, spec
 from workers import AttemptEngine
 from workers.engine import BedInfo, _Attempt

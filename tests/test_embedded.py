@@ -13,9 +13,18 @@ from sqlalchemy import select
 from apg_farm.contract import Outcome
 from apg_farm.results import find_sweep, sweep_report
 from apg_farm.specs import Timeouts
-from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    Execution,
+    Phase,
+    Store,
+    cancel_sweep,
+)
 from fixtures import simbed
-from scheduler import cancel_sweep, submit
+from scheduler import submit
 from tests.simbeds import make_beds, spec
 from workers import EmbeddedExecutor
 

@@ -17,8 +17,8 @@ from sqlalchemy import select, update
 from apg_farm.errors import BadInput
 from apg_farm.results import quantile
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, Bed, BedState, Execution, Store, Sweep, utcnow
-from scheduler import cancel_sweep, estimate_sweep, submit
+from apg_farm.store import Attempt, Bed, BedState, Execution, Store, Sweep, cancel_sweep, utcnow
+from scheduler import estimate_sweep, submit
 from scheduler.estimate import FEW
 from tests.simbeds import make_beds, spec
 from workers import EmbeddedExecutor

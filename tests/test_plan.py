@@ -63,7 +63,7 @@ def test_submit_refuses_a_changed_fixture_set(store: Store) -> None:
 
 def test_a_cancelled_sweep_cannot_be_extended_and_ids_are_not_names(store: Store) -> None:
     """Submitting to a cancelled sweep is refused; an all-digit name (it would read as an id) is refused."""
-    from scheduler.control import cancel_sweep
+    from apg_farm.store import cancel_sweep
 
     first = submit(store, parse_sweep(SPEC))
     cancel_sweep(store, first.sweep_id)

@@ -7,7 +7,7 @@ worker per bed. Imports scheduler (queue names, re-sending a retry), beds, store
 
 from __future__ import annotations
 
-from workers.celery_app import WORKER_BED, make_app
+from workers.celery_app import WORKER_BED, make_app, resume_consumer
 from workers.embedded import EmbeddedExecutor, ExecutorResult
 from workers.engine import AttemptEngine, AttemptReport
 
@@ -18,4 +18,5 @@ __all__ = [
     "EmbeddedExecutor",
     "ExecutorResult",
     "make_app",
+    "resume_consumer",
 ]

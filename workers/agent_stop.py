@@ -24,8 +24,6 @@ from collections.abc import Iterable, Mapping
 PS_ARGV: tuple[str, ...] = ("ps", "-e", "-o", "pid=", "-o", "ppid=", "-o", "args=")
 #: Rounds of kill-then-list before the farm gives up (an agent respawning faster than it is killed).
 ROUNDS = 3
-#: bed.meta key: the container's processes at the last confirmed stop, [[pid, ppid, args], ...].
-STOP_LISTING = "stop_listing"
 
 Listing = Mapping[int, tuple[int, str]]
 

@@ -77,3 +77,15 @@ def _module_app() -> Celery:
 
 
 app = _module_app()
+
+
+def resume_consumer(
+    pool_queue_name: str, worker: str | None, settings: Settings | None = None
+) -> bool:
+    """Tell a released bed's worker to consume its pool queue again: it stopped at the
+    quarantine. False when there is no broker or no worker to tell (embedded)."""
+    settings = settings or load_settings()
+    if not worker or not settings.broker_url:
+        return False
+    make_app(settings).control.add_consumer(pool_queue_name, destination=[worker])
+    return True

@@ -6,23 +6,19 @@ the Celery task both call this; neither adds policy of its own.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
-from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import select
 
 from apg_farm import contract
 from apg_farm.beds import (
     ddev_config_argv,
     escrow_hash_argv,
-    finish_draining,
     hash_changes_in,
     printenv_argv,
     web_settings,
@@ -30,7 +26,6 @@ from apg_farm.beds import (
 )
 from apg_farm.contract import (
     CONTINUE,
-    COUNTED,
     UNESCROWED,
     UNFINGERPRINTED,
     USAGE_FILES,
@@ -65,7 +60,6 @@ from apg_farm.defaults import (
     BASELINE_DIR,
     GRADE_STDOUT_LIMIT,
     LEASE_SECONDS,
-    MAX_CONSECUTIVE_INFRA_ERRORS,
     PHASE_OUTPUT_LIMIT,
     PROVIDER_OUTAGE_QUIET,
     PROVIDER_RETRIES,
@@ -74,26 +68,20 @@ from apg_farm.defaults import (
 from apg_farm.errors import FarmError
 from apg_farm.settings import load_settings
 from apg_farm.store import (
-    AGENT_STOPPED,
-    Attempt,
-    AttemptState,
+    STOP_LISTING,
     Bed,
-    BedEvent,
-    BedState,
     Claim,
-    Execution,
-    Phase,
+    Evidence,
     Store,
     Sweep,
     SweepState,
-    add_spend,
-    backoff,
     believe_outage,
     claim_next,
-    close,
-    outage_clean,
+    mark_agent_started,
+    record_lost,
+    record_phase,
+    record_verdict,
     renew_lease,
-    trip,
     utcnow,
 )
 from apg_farm.transports import (
@@ -108,7 +96,6 @@ from apg_farm.transports import (
 from workers.agent_stop import (
     PS_ARGV,
     ROUNDS,
-    STOP_LISTING,
     Listing,
     kill_argv,
     leftovers,
@@ -308,189 +295,18 @@ class AttemptEngine:
         return self.store.retrying(lambda: self._finish(claim, attempt, verdict))
 
     def _record_lost(self, claim: Claim, attempt: _Attempt) -> AttemptReport:
-        verdict = Verdict("retry", "lease expired; the attempt went back to the queue")
-        with self.store.session() as session:
-            # The bed's lock before any other row, as claims.py orders them (no deadlock).
-            bed = session.get_one(Bed, self.bed_id, with_for_update=not self.store.is_sqlite)
-            execution = session.get_one(Execution, claim.execution_id)
-            attempt.fill(execution, verdict)
-            attempt.mark_bed(bed)
-            execution.result = "LOST"
-            add_spend(self.store, session, claim.sweep_id, execution.cost_usd)
-            # What this bed showed while it held the attempt still stands: quarantine it.
-            _quarantine(session, bed, attempt.quarantines)
-        return AttemptReport(claim, verdict, None, attempt.run_id, lost=True)
+        recorded = record_lost(self.store, claim, attempt.evidence())
+        return AttemptReport(claim, recorded.verdict, None, attempt.run_id, lost=True)
 
     def _finish(self, claim: Claim, attempt: _Attempt, verdict: Verdict) -> AttemptReport:
-        """Record the verdict in one transaction, only if this bed still holds the attempt."""
-        with self.store.session() as session:
-            # The bed's lock, then the attempt's, as claims.py orders them (no deadlock with
-            # a reconciler requeueing this attempt).
-            bed = session.get_one(Bed, self.bed_id, with_for_update=not self.store.is_sqlite)
-            row = session.scalar(
-                select(Attempt).where(Attempt.id == claim.attempt_id).with_for_update()
-            )
-            execution = session.get_one(Execution, claim.execution_id)
-            if execution.result is not None and execution.finished_at is not None:
-                # Recorded by an earlier try whose commit went through before the connection dropped.
-                done = execution.result if execution.result in Outcome.__members__ else None
-                return AttemptReport(
-                    claim,
-                    verdict,
-                    Outcome(done) if done else None,
-                    attempt.run_id,
-                    lost=execution.result == "LOST",
-                )
-            # LOST with no end yet: the reconciler took the attempt back while this bed worked.
-            taken_back = execution.reason if execution.result == "LOST" else None
-            attempt.fill(execution, verdict)
-            attempt.mark_bed(bed)
-            # Spent whatever becomes of the attempt: every execution's cost counts.
-            add_spend(self.store, session, claim.sweep_id, execution.cost_usd)
-            reasons = [*attempt.quarantines]
-            if verdict.quarantine and verdict.quarantine not in reasons:
-                reasons.append(verdict.quarantine)
-            if (
-                taken_back is not None
-                or row is None
-                or row.state != AttemptState.RUNNING
-                or row.bed_id != self.bed_id
-            ):
-                # The lease expired and the attempt moved on: keep this try (its run id, score
-                # and envelope) as history only; the attempt is the new holder's.
-                execution.result = "LOST"
-                if taken_back:
-                    execution.reason = f"{taken_back}; it finished later: {verdict.reason}"
-                _quarantine(session, bed, reasons)
-                return AttemptReport(claim, verdict, None, attempt.run_id, lost=True)
-            if (
-                verdict.action == "retry"
-                and session.get_one(Sweep, row.sweep_id).state != SweepState.OPEN
-            ):
-                # Never requeue into a cancelled sweep: nothing would ever take it.
-                verdict = Verdict("final", f"sweep cancelled ({verdict.reason})", Outcome.CANCELLED)
-            outcome, in_a_row = _settle(
-                row,
-                bed,
-                verdict,
-                retries=claim.spec.retries,
-                store=self.store,
-                delays=self.backoff,
-            )
-            execution.result = outcome or "RETRY"
-            if verdict.provider_trouble is not None:
-                _to_the_back(session, row)
-            self._pace_model(session, claim, verdict, execution, ran=attempt.agent_started)
-            _quarantine(session, bed, [*reasons, *([in_a_row] if in_a_row else [])])
-            if bed.state == BedState.DRAINING:
-                finish_draining(session, bed)
-        return AttemptReport(claim, verdict, outcome, attempt.run_id)
-
-    def _pace_model(
-        self, session: Session, claim: Claim, verdict: Verdict, execution: Execution, *, ran: bool
-    ) -> None:
-        """Provider trouble opens the model's breaker; a probe that ran without it closes it; a
-        run judged without trouble ends the model's believed outage (pacing.believe_outage)."""
-        if verdict.provider_trouble is not None:
-            trip(
-                self.store,
-                session,
-                claim.model,
-                trouble=verdict.provider_trouble,
-                detail=verdict.reason,
-                base=self.backoff[0],
-                ceiling=self.backoff[1],
-                probe=claim.probe,
-            )
-            return
-        if claim.probe and verdict.action == "final":
-            close(self.store, session, claim.model, execution.started_at)
-        # Not the record's word (an agent can write an outage into a run it passed): a run judged
-        # without believed trouble is one the provider answered.
-        if ran and verdict.outcome in COUNTED:
-            outage_clean(session, claim.model, execution.started_at)
-
-
-def _to_the_back(session: Session, row: Attempt) -> None:
-    """Behind every queued attempt of its pool: the breaker's next probe is another attempt, so
-    an outage spreads its provider failures over the queue instead of using up one attempt's."""
-    last = session.scalar(
-        select(func.max(Attempt.seq)).where(
-            Attempt.pool == row.pool, Attempt.state == AttemptState.QUEUED, Attempt.id != row.id
+        """Record the verdict (the lifecycle's one transaction), only if this bed still holds
+        the attempt."""
+        recorded = record_verdict(
+            self.store, claim, attempt.evidence(), verdict, delays=self.backoff
         )
-    )
-    if last is not None and last >= row.seq:
-        row.seq = last + 1
-
-
-def _quarantine(session: Session, bed: Bed, reasons: list[str]) -> None:
-    """Quarantine the bed for every reason given; none is ever dropped.
-
-    A draining bed is quarantined too (a human must look before it is removed), and a bed already
-    quarantined gains the new reasons.
-    """
-    new = [r for r in dict.fromkeys(reasons) if r not in (bed.state_reason or "")]
-    if not new or bed.state == BedState.REMOVED:
-        return
-    if bed.state == BedState.QUARANTINED and bed.state_reason:
-        bed.state_reason = "; ".join([bed.state_reason, *new])
-    else:
-        bed.state = BedState.QUARANTINED
-        bed.state_reason = "; ".join(new)
-    session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail="; ".join(new)))
-
-
-def _settle(
-    row: Attempt,
-    bed: Bed,
-    verdict: Verdict,
-    *,
-    retries: int,
-    store: Store,
-    delays: tuple[float, float],
-) -> tuple[Outcome | None, str | None]:
-    """Apply a verdict to the attempt and the bed: (final outcome or None if requeued, the
-    quarantine reason when the bed failed too often in a row)."""
-    row.bed_id = None
-    row.lease_expires_at = None
-    if verdict.provider_trouble is not None:
-        # The provider failed, not the bed nor the model: the bed's count does not move, the
-        # attempt may go back to this very bed, and it waits out a back-off.
-        row.provider_failures += 1
-        wait = backoff(row.provider_failures, *delays)
-        # On the store's clock, the one the claim compares it with.
-        row.not_before = store.now_plus(wait)
-        row.state = AttemptState.QUEUED
-        row.reason = f"retrying after provider trouble: {verdict.reason}"
-        return None, None
-    if verdict.action != "retry":
-        bed.consecutive_errors = 0
-        assert verdict.outcome is not None
-        return _done(row, verdict.outcome, verdict.reason), None
-    row.infra_failures += 1
-    bed.consecutive_errors += 1
-    in_a_row = None
-    if bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
-        in_a_row = (
-            f"{bed.consecutive_errors} infrastructure failures in a row; last: {verdict.reason}"
+        return AttemptReport(
+            claim, recorded.verdict, recorded.outcome, attempt.run_id, lost=recorded.lost
         )
-    if row.infra_failures > retries:
-        # A last try that was a believed claim (a start failure the agent could have written)
-        # does not take the attempt out of the denominator: it is scored.
-        outcome = Outcome.NO_ATTEMPT if verdict.claim else Outcome.ERROR
-        return _done(row, outcome, f"{verdict.reason} (after {row.infra_failures} tries)"), in_a_row
-    row.state = AttemptState.QUEUED
-    row.excluded_beds = sorted({*(row.excluded_beds or []), bed.id})
-    row.reason = f"retrying: {verdict.reason}"
-    return None, in_a_row
-
-
-def _done(row: Attempt, outcome: Outcome, reason: str) -> Outcome:
-    row.state = AttemptState.DONE
-    row.outcome = outcome
-    row.reason = reason
-    row.finished_at = utcnow()
-    return outcome
 
 
 class _Attempt:
@@ -1037,15 +853,7 @@ class _Attempt:
         return with_quarantine(verdict, broken)
 
     def _record_agent_started(self) -> None:
-        """Committed before the run is issued: a worker that dies during the run still leaves
-        its execution counted as a re-run after the agent started."""
-        with self.engine.store.session() as session:
-            session.execute(
-                update(Execution)
-                .where(Execution.id == self.claim.execution_id)
-                .values(agent_started=True)
-                .execution_options(synchronize_session=False)
-            )
+        mark_agent_started(self.engine.store, self.claim.execution_id)
 
     def _list_runs(self, runs: str) -> set[str]:
         """The names under runs/; a listing cut at its limit adds nothing new (only a printed id,
@@ -1118,7 +926,10 @@ class _Attempt:
         )
         output = contract.read_output(result)
         self.bed_seconds += result.duration
-        self.engine.store.retrying(lambda: self._record(name, result, output, started))
+        store = self.engine.store
+        store.retrying(
+            lambda: record_phase(store, self.claim.execution_id, name, result, output, started)
+        )
         return output, result
 
     def _check_boundary(self) -> None:
@@ -1134,70 +945,18 @@ class _Attempt:
 
         return self.engine.store.retrying(read)
 
-    def _record(
-        self, name: str, result: CommandResult, output: PhaseOutput, started: datetime
-    ) -> None:
-        with self.engine.store.session() as session:
-            already = session.scalar(
-                select(Phase.id).where(
-                    Phase.execution_id == self.claim.execution_id,
-                    Phase.name == name,
-                    Phase.started_at == started,
-                )
-            )
-            if already is not None:
-                return
-            session.add(
-                Phase(
-                    execution_id=self.claim.execution_id,
-                    name=name,
-                    argv=list(result.argv),
-                    rc=result.rc,
-                    exit_code=output.exit_code,
-                    tokens=[[t.name, t.detail] for t in output.tokens],
-                    started_at=started,
-                    finished_at=started + timedelta(seconds=result.duration),
-                    duration=result.duration,
-                    timed_out=result.timed_out,
-                    transport_error=result.transport_error,
-                    stdout=result.stdout.text(),
-                    stdout_bytes=result.stdout.total,
-                    stdout_truncated=result.stdout.truncated,
-                    stderr=result.stderr.text(),
-                    stderr_bytes=result.stderr.total,
-                    stderr_truncated=result.stderr.truncated,
-                )
-            )
-
-    def mark_bed(self, bed: Bed) -> None:
-        """Record on the bed whether this attempt left it with no agent process running."""
-        meta = {**(bed.meta or {}), AGENT_STOPPED: self.agent_stopped}
-        if self._new_listing and self.trusted_listing is not None:
-            meta[STOP_LISTING] = listing_to_meta(self.trusted_listing)
-        if meta != (bed.meta or {}):
-            bed.meta = meta
-
-    def fill(self, execution: Execution, verdict: Verdict) -> None:
-        """Copy what this execution learned onto its row."""
-        execution.finished_at = utcnow()
-        execution.run_id = self.run_id
-        execution.bed_seconds = self.bed_seconds
-        execution.reason = verdict.reason
-        execution.agent_started = self.agent_started
-        if self.grade is not None:
-            execution.score = self.grade.score
-            execution.max_score = self.grade.max_score
-        if self.envelope is not None:
-            execution.envelope = self.envelope
-            execution.envelope_sha256 = hashlib.sha256(self.envelope).hexdigest()
-        if self.usage is not None:
-            usage = self.usage
-            execution.cost_usd = usage.cost_usd
-            execution.input_tokens, execution.output_tokens = (
-                usage.input_tokens,
-                usage.output_tokens,
-            )
-            execution.cache_read_tokens = usage.cache_read_tokens
-            execution.cache_write_tokens = usage.cache_write_tokens
-            execution.turns, execution.adapter_status = usage.turns, usage.status
-            execution.provider_trouble = usage.provider_trouble
+    def evidence(self) -> Evidence:
+        """What this execution learned, for the lifecycle to record with its verdict."""
+        listing = self.trusted_listing if self._new_listing else None
+        return Evidence(
+            run_id=self.run_id,
+            bed_seconds=self.bed_seconds,
+            agent_started=self.agent_started,
+            agent_stopped=self.agent_stopped,
+            stop_listing=listing_to_meta(listing) if listing is not None else None,
+            score=self.grade.score if self.grade is not None else None,
+            max_score=self.grade.max_score if self.grade is not None else None,
+            envelope=self.envelope,
+            usage=self.usage,
+            quarantines=list(self.quarantines),
+        )

@@ -24,11 +24,9 @@ from apg_farm.beds.mounts import check_bed_mounts, classify_container, doctor_be
 from apg_farm.beds.registry import (
     NewBed,
     add_bed,
-    finish_draining,
     get_bed,
     list_beds,
     record_event,
-    release_bed,
     validate_new_bed,
 )
 from apg_farm.beds.remote import NewRemoteBed, add_remote_bed, set_docker_host
@@ -50,7 +48,6 @@ __all__ = [
     "enrol_escrow",
     "escrow_hash_argv",
     "fingerprint_escrow_set",
-    "finish_draining",
     "get_bed",
     "hash_changes_in",
     "list_beds",
@@ -59,7 +56,6 @@ __all__ = [
     "record_ddev_config",
     "record_escrow_set",
     "record_event",
-    "release_bed",
     "run_doctor",
     "run_escrow",
     "run_provision",

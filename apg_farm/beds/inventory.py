@@ -25,13 +25,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apg_farm.beds.escrow import record_escrow_set
-from apg_farm.beds.registry import NewBed, holds_attempt, validate_new_bed
+from apg_farm.beds.registry import NewBed, validate_new_bed
 from apg_farm.beds.remote import NewRemoteBed, target_for, validate_remote_bed
 from apg_farm.contract import bed_environment
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, FarmError, NotFound
 from apg_farm.specs import SafeList, _name, describe_validation_error
-from apg_farm.store import Bed, BedEvent, BedState, Store
+from apg_farm.store import Bed, BedEvent, BedState, Store, holds_attempt
 from apg_farm.transports import SshTransport, parse_ssh_address
 
 #: Bed columns an inventory sets; a difference in any of them is an update.

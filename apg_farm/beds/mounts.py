@@ -21,10 +21,10 @@ from typing import Any
 import yaml
 
 from apg_farm.beds.maintenance import run_doctor
-from apg_farm.beds.registry import quarantine_bed, record_event
+from apg_farm.beds.registry import record_event
 from apg_farm.contract import is_credential_shaped
 from apg_farm.settings import load_settings
-from apg_farm.store import Bed, Store
+from apg_farm.store import Bed, Store, quarantine_bed
 from apg_farm.transports import Transport, transport_in_use
 
 #: Labels DDEV (docker compose) puts on a project's web container.

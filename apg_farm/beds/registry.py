@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from apg_farm.beds.fingerprints import record_ddev_config
 from apg_farm.contract import bed_environment, check_arg
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import NAME, pool_key
-from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store
+from apg_farm.store import Bed, BedEvent, BedState, Store
 
 
 @dataclass(frozen=True)
@@ -156,55 +155,6 @@ def list_beds(store: Store) -> list[Bed]:
         return rows
 
 
-def release_bed(store: Store, name: str, *, note: str = "released by operator") -> Bed:
-    """Return a quarantined (or draining) bed to its pool after a human looked at it."""
-    with store.session() as session:
-        row = session.scalar(select(Bed).where(Bed.name == name).with_for_update())
-        if row is None:
-            raise NotFound(f"no bed named {name!r}", fix="see `apg-farm bed list`")
-        previous = row.state_reason
-        row.state = BedState.ACTIVE
-        row.state_reason = None
-        row.consecutive_errors = 0
-        session.add(BedEvent(bed_id=row.id, kind="released", detail=f"{note}; was: {previous}"))
-        session.flush()
-        session.expunge(row)
-        return row
-
-
 def record_event(store: Store, bed_id: int, kind: str, detail: str) -> None:
     with store.session() as session:
         session.add(BedEvent(bed_id=bed_id, kind=kind, detail=detail))
-
-
-def quarantine_bed(store: Store, name: str, reason: str) -> None:
-    """Take an active bed out of its pool until a human releases it (`apg-farm bed release`)."""
-    with store.session() as session:
-        row = session.scalar(select(Bed).where(Bed.name == name).with_for_update())
-        if row is None:
-            raise NotFound(f"no bed named {name!r}", fix="see `apg-farm bed list`")
-        if row.state != BedState.ACTIVE:
-            return
-        row.state = BedState.QUARANTINED
-        row.state_reason = reason
-        session.add(BedEvent(bed_id=row.id, kind="quarantined", detail=reason))
-
-
-def holds_attempt(session: Session, bed_id: int) -> bool:
-    """True while an attempt is running on this bed."""
-    held = session.scalar(
-        select(Attempt.id)
-        .where(Attempt.bed_id == bed_id, Attempt.state == AttemptState.RUNNING)
-        .limit(1)
-    )
-    return held is not None
-
-
-def finish_draining(session: Session, bed: Bed) -> bool:
-    """A draining bed that holds nothing any more is removed; True when that happened."""
-    if bed.state != BedState.DRAINING or holds_attempt(session, bed.id):
-        return False
-    bed.state = BedState.REMOVED
-    bed.state_reason = "removed from the inventory; drained"
-    session.add(BedEvent(bed_id=bed.id, kind="removed", detail="drained: holds no attempt"))
-    return True

@@ -256,16 +256,13 @@ def bed_doctor_cmd(
 @bed_app.command("release")
 def bed_release(name: str) -> None:
     """Return a quarantined bed to its pool once a human has looked at it."""
-    from apg_farm.beds import release_bed
+    from apg_farm.store import release_bed
     from scheduler import pool_queue
-    from workers import make_app
+    from workers import resume_consumer
 
     row = release_bed(open_store(), name)
     out.print(f"bed {row.name} is active again")
-    worker = (row.meta or {}).get("worker")
-    if worker and distributed.broker_configured():
-        # Its worker stopped taking attempts when the bed was quarantined: turn that back on.
-        make_app().control.add_consumer(pool_queue(row.pool), destination=[worker])
+    resume_consumer(pool_queue(row.pool), (row.meta or {}).get("worker"))
 
 
 @sweep_app.command("submit")
@@ -332,13 +329,13 @@ def sweep_retry(
     ] = "error,invalid",
 ) -> None:
     """Run again the attempts that ended ERROR or INVALID, as new executions (history is kept)."""
-    from apg_farm.results import find_sweep, refuse_if_sealed
-    from scheduler import parse_retry_outcomes, retry_attempts
+    from apg_farm.results import find_sweep
+    from apg_farm.store import retry_attempts
+    from scheduler import parse_retry_outcomes
 
     outcomes = parse_retry_outcomes(only)
     store = open_store()
     target = find_sweep(store, sweep)
-    refuse_if_sealed(target)
     count = retry_attempts(store, target.id, outcomes)
     out.print(f"{count} attempts queued again")
     if distributed.broker_configured():
@@ -364,7 +361,7 @@ def sweep_status_cmd(
 def sweep_cancel(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]) -> None:
     """Cancel queued attempts now and running ones at their next phase boundary."""
     from apg_farm.results import find_sweep
-    from scheduler import cancel_sweep
+    from apg_farm.store import cancel_sweep
 
     store = open_store()
     cancelled = cancel_sweep(store, find_sweep(store, sweep).id)

@@ -346,8 +346,8 @@ def run_attack(
     """Play one attack on a fresh bed and read back what the farm recorded."""
     from sqlalchemy import select
 
-    from apg_farm.store import Attempt, Bed, BedEvent, Execution
-    from scheduler import cancel_sweep, submit
+    from apg_farm.store import Attempt, Bed, BedEvent, Execution, cancel_sweep
+    from scheduler import submit
     from workers import EmbeddedExecutor
 
     bed = _fresh_bed(store, root, attack, image=image, web_commands=web_commands)

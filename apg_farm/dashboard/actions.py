@@ -1,15 +1,14 @@
 """What the dashboard can change: cancel a sweep, retry its ERROR/INVALID attempts, release a
-quarantined bed. Each is the command-line's own public function (scheduler, beds, results);
-the routes call these only after the session and the CSRF token were checked."""
+quarantined bed. Each is the lifecycle's own function (apg_farm.store), which checks its own
+preconditions; the routes call these only after the session and the CSRF token were checked."""
 
 from __future__ import annotations
 
-from apg_farm.beds import get_bed, release_bed
+from apg_farm.beds import get_bed
 from apg_farm.errors import BadInput
-from apg_farm.results import find_sweep, refuse_if_sealed
-from apg_farm.settings import load_settings
-from apg_farm.store import BedState, Store, SweepState
-from scheduler import cancel_sweep, parse_retry_outcomes, pool_queue, retry_attempts
+from apg_farm.results import find_sweep
+from apg_farm.store import BedState, Store, SweepState, cancel_sweep, release_bed, retry_attempts
+from scheduler import parse_retry_outcomes, pool_queue
 
 
 def cancel(store: Store, sweep_id: int) -> int:
@@ -26,9 +25,7 @@ def retry(store: Store, sweep_id: int, outcomes: list[str]) -> int:
     scheduler`) sends a message for every queued attempt without one; embedded, a person runs
     `apg-farm sweep resume` (the page says which)."""
     chosen = parse_retry_outcomes(",".join(outcomes))
-    sweep = find_sweep(store, str(sweep_id))
-    refuse_if_sealed(sweep)
-    return retry_attempts(store, sweep.id, chosen)
+    return retry_attempts(store, find_sweep(store, str(sweep_id)).id, chosen)
 
 
 def release(store: Store, name: str) -> None:
@@ -37,10 +34,7 @@ def release(store: Store, name: str) -> None:
     if bed.state != BedState.QUARANTINED:
         raise BadInput(f"bed {bed.name} is {bed.state}, not quarantined", fix="nothing to release")
     row = release_bed(store, name, note="released from the dashboard")
-    worker = (row.meta or {}).get("worker")
-    if worker and load_settings().broker_url:
-        # Its worker stopped consuming the pool queue at the quarantine: turn it back on, as
-        # `apg-farm bed release` does. Celery is imported only here.
-        from workers import make_app
+    # Celery is imported only here.
+    from workers import resume_consumer
 
-        make_app().control.add_consumer(pool_queue(row.pool), destination=[worker])
+    resume_consumer(pool_queue(row.pool), (row.meta or {}).get("worker"))

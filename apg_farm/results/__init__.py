@@ -39,9 +39,7 @@ from apg_farm.results.regression import (
 )
 from apg_farm.results.report import CELL_COUNTS, find_sweep, sweep_report
 from apg_farm.results.sealing import (
-    SealedSweep,
     artifacts,
-    refuse_if_sealed,
     seal,
     seal_directory,
     verify_seal,
@@ -58,6 +56,7 @@ from apg_farm.results.stats import (
     wilson,
 )
 from apg_farm.results.watch import render_watch, watch_snapshot
+from apg_farm.store import SealedSweep, refuse_if_sealed
 
 __all__ = [
     "CELL_COUNTS",

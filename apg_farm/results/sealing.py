@@ -24,26 +24,21 @@ from sqlalchemy.orm import Session
 from apg_farm import __version__
 from apg_farm.errors import BadInput
 from apg_farm.settings import load_settings
-from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store, Sweep, utcnow
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    Execution,
+    Phase,
+    Store,
+    Sweep,
+    utcnow,
+)
 
 FORMAT = "apg-farm-seal/1"
 
 #: Rows read at a time while hashing.
 _BATCH = 200
-
-
-class SealedSweep(BadInput):
-    """The sweep is sealed: its evidence is closed and it takes no new executions."""
-
-
-def refuse_if_sealed(sweep: Sweep) -> None:
-    """Raise SealedSweep when `sweep` is sealed; submit and retry call it before adding work."""
-    if sweep.sealed_at is not None:
-        raise SealedSweep(
-            f"sweep {sweep.name!r} is sealed "
-            f"({sweep.sealed_at.isoformat(timespec='seconds')}): it takes no new executions",
-            fix="submit the file under a new sweep name; a seal keeps its evidence closed",
-        )
 
 
 def seal_directory() -> Path:

@@ -1,7 +1,9 @@
 """The store, the farm's truth: tables, migrations, sessions, and the claims and leases on them.
 
 `models` are the tables, `db` opens a store (SQLite in WAL mode or PostgreSQL) and migrates it
-(`migrations/`), `claims` is how a bed takes an attempt and keeps it. Imports contract.
+(`migrations/`), `claims` is how a bed takes an attempt and keeps it, `lifecycle` the one write path of attempt,
+execution and bed states (with `rules`, the rules applied as an execution ends). Imports contract
+and transports.
 """
 
 from __future__ import annotations
@@ -15,6 +17,22 @@ from apg_farm.store.claims import (
     requeue_expired,
 )
 from apg_farm.store.db import Store, normalize_url, rowcount
+from apg_farm.store.lifecycle import (
+    STOP_LISTING,
+    Evidence,
+    NotReleasable,
+    Recorded,
+    SealedSweep,
+    cancel_sweep,
+    mark_agent_started,
+    quarantine_bed,
+    record_lost,
+    record_phase,
+    record_verdict,
+    refuse_if_sealed,
+    release_bed,
+    retry_attempts,
+)
 from apg_farm.store.models import (
     Attempt,
     AttemptState,
@@ -56,12 +74,14 @@ from apg_farm.store.pacing import (
     sweep_pauses,
     trip,
 )
+from apg_farm.store.rules import finish_draining, holds_attempt
 
 __all__ = [
     "AGENT_STOPPED",
     "HAND_BACK_LIMIT",
     "PROBE",
     "SCOPES",
+    "STOP_LISTING",
     "Attempt",
     "AttemptState",
     "Base",
@@ -70,9 +90,13 @@ __all__ = [
     "BedState",
     "Budget",
     "Claim",
+    "Evidence",
     "Execution",
     "ModelGate",
+    "NotReleasable",
     "Phase",
+    "Recorded",
+    "SealedSweep",
     "Spend",
     "Store",
     "Sweep",
@@ -83,6 +107,7 @@ __all__ = [
     "backoff",
     "believe_outage",
     "budget_status",
+    "cancel_sweep",
     "claim_next",
     "claimable",
     "close",
@@ -90,12 +115,22 @@ __all__ = [
     "db_time",
     "ensure_gates",
     "farm_budget_reached",
+    "finish_draining",
+    "holds_attempt",
+    "mark_agent_started",
     "normalize_url",
     "outage_clean",
     "pace_status",
     "paused_models",
+    "quarantine_bed",
+    "record_lost",
+    "record_phase",
+    "record_verdict",
+    "refuse_if_sealed",
+    "release_bed",
     "renew_lease",
     "requeue_expired",
+    "retry_attempts",
     "rowcount",
     "running_counts",
     "set_budget",

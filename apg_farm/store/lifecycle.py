@@ -1,0 +1,387 @@
+"""The lifecycle: the one write path of attempts, executions and bed states.
+
+Every change of an attempt's state, of an execution's result, or of a bed's state goes through a
+function here (or through claims.py, which this module fronts, and rules.py, the small rules it
+applies while recording a verdict). Front ends (the CLI, the dashboard, the embedded executor,
+the Celery task) and the engine call these and nothing below them; each function checks its own
+preconditions and refuses with a typed error a front end prints in one line.
+
+Lock order, on every path that takes more than one: the bed rows first (in id order), then the
+attempt rows, then the sweep, the spend rows and the model gates (in model order). A claimer
+locks its bed then skips attempts others hold; the reconciler locks the beds of the expired
+attempts then those attempts; recording an end locks the bed then the attempt. Two transactions
+never wait for each other in opposite orders.
+
+| change | function | locks |
+|---|---|---|
+| queued -> running, a new execution | `claim_next` (claims.py) | bed, then candidate attempts (skip locked), then gates |
+| lease extended | `renew_lease` (claims.py) | the attempt row (one UPDATE) |
+| running -> queued/done, execution result | `record_verdict` | bed, attempt |
+| execution LOST, the bed's quarantine | `record_lost` | bed |
+| expired running -> queued, execution LOST | `requeue_expired` (claims.py) | beds, then attempts (skip locked) |
+| done -> queued | `retry_attempts` | the sweep's attempts |
+| queued -> done CANCELLED, sweep cancelled | `cancel_sweep` | the sweep's queued attempts |
+| bed active -> quarantined | `quarantine_bed`, `rules.quarantine` | bed |
+| bed quarantined/draining -> active | `release_bed` | bed |
+| bed draining -> removed | `rules.finish_draining` | bed |
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict
+from apg_farm.errors import BadInput, NotFound
+from apg_farm.store.claims import AGENT_STOPPED, Claim
+from apg_farm.store.db import Store, rowcount
+from apg_farm.store.models import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedEvent,
+    BedState,
+    Execution,
+    Phase,
+    Sweep,
+    SweepState,
+    utcnow,
+)
+from apg_farm.store.pacing import add_spend
+from apg_farm.store.rules import finish_draining, pace_model, quarantine, settle, to_the_back
+from apg_farm.transports import CommandResult
+
+#: The bed meta key holding the web container's processes when an agent was last confirmed stopped.
+STOP_LISTING = "stop_listing"
+
+
+class SealedSweep(BadInput):
+    """The sweep is sealed: its evidence is closed and it takes no new executions."""
+
+
+class NotReleasable(BadInput):
+    """The bed is in a state `release` cannot bring back (removed from the inventory)."""
+
+
+def refuse_if_sealed(sweep: Sweep) -> None:
+    """Raise SealedSweep when `sweep` is sealed, whatever its state (open or cancelled)."""
+    if sweep.sealed_at is not None:
+        raise SealedSweep(
+            f"sweep {sweep.name!r} is sealed "
+            f"({sweep.sealed_at.isoformat(timespec='seconds')}): it takes no new executions",
+            fix="submit the file under a new sweep name; a seal keeps its evidence closed",
+        )
+
+
+# --- what an execution learned, and recording its end ----------------------------------------
+
+
+@dataclass
+class Evidence:
+    """What one execution learned on its bed, written with its verdict (the engine fills it)."""
+
+    run_id: str | None = None
+    bed_seconds: float = 0.0
+    agent_started: bool = False
+    #: The run ended with its agent confirmed stopped (recorded on the bed).
+    agent_stopped: bool = True
+    #: A new trusted process listing for the bed's meta (STOP_LISTING), when one was taken.
+    stop_listing: Any = None
+    score: float | None = None
+    max_score: float | None = None
+    envelope: bytes | None = None
+    usage: Usage | None = None
+    #: Every quarantine a phase asked for, in order; all are applied.
+    quarantines: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """How an execution's end was recorded."""
+
+    verdict: Verdict
+    #: The attempt's final outcome, or None when it went back to the queue or the try was lost.
+    outcome: Outcome | None
+    lost: bool = False
+
+
+def record_verdict(
+    store: Store, claim: Claim, evidence: Evidence, verdict: Verdict, *, delays: tuple[float, float]
+) -> Recorded:
+    """Record an execution's end in one transaction, only if its bed still holds the attempt:
+    the execution's row, spend, the retry decision, the model's pace, quarantine and draining.
+    Safe to repeat (a connection that dropped after the commit finds the end recorded)."""
+    with store.session() as session:
+        bed = _lock_bed(store, session, claim.bed_id)
+        row = session.scalar(
+            select(Attempt).where(Attempt.id == claim.attempt_id).with_for_update()
+        )
+        execution = session.get_one(Execution, claim.execution_id)
+        if execution.result is not None and execution.finished_at is not None:
+            # Recorded by an earlier try whose commit went through before the connection dropped.
+            done = execution.result if execution.result in Outcome.__members__ else None
+            lost = execution.result == "LOST"
+            return Recorded(verdict, Outcome(done) if done else None, lost=lost)
+        # LOST with no end yet: the reconciler took the attempt back while this bed worked.
+        taken_back = execution.reason if execution.result == "LOST" else None
+        _fill(execution, evidence, verdict)
+        _mark_bed(bed, evidence)
+        # Spent whatever becomes of the attempt: every execution's cost counts.
+        add_spend(store, session, claim.sweep_id, execution.cost_usd)
+        reasons = list(dict.fromkeys([*evidence.quarantines, *filter(None, [verdict.quarantine])]))
+        if (
+            taken_back is not None
+            or row is None
+            or row.state != AttemptState.RUNNING
+            or row.bed_id != claim.bed_id
+        ):
+            # The lease expired and the attempt moved on: keep this try (its run id, score and
+            # envelope) as history only; the attempt is the new holder's.
+            execution.result = "LOST"
+            if taken_back:
+                execution.reason = f"{taken_back}; it finished later: {verdict.reason}"
+            quarantine(session, bed, reasons)
+            return Recorded(verdict, None, lost=True)
+        if (
+            verdict.action == "retry"
+            and session.get_one(Sweep, row.sweep_id).state != SweepState.OPEN
+        ):
+            # Never requeue into a cancelled sweep: nothing would ever take it.
+            verdict = Verdict("final", f"sweep cancelled ({verdict.reason})", Outcome.CANCELLED)
+        outcome, in_a_row = settle(
+            row, bed, verdict, retries=claim.spec.retries, store=store, delays=delays
+        )
+        execution.result = outcome or "RETRY"
+        if verdict.provider_trouble is not None:
+            to_the_back(session, row)
+        pace_model(
+            store,
+            session,
+            model=claim.model,
+            probe=claim.probe,
+            verdict=verdict,
+            execution=execution,
+            delays=delays,
+        )
+        quarantine(session, bed, [*reasons, *([in_a_row] if in_a_row else [])])
+        finish_draining(session, bed)
+    return Recorded(verdict, outcome)
+
+
+def record_lost(store: Store, claim: Claim, evidence: Evidence) -> Recorded:
+    """This bed's claim expired while it worked (someone else owns the attempt now): keep the
+    try as LOST history, charge its spend, and apply the quarantines it asked for."""
+    verdict = Verdict("retry", "lease expired; the attempt went back to the queue")
+    with store.session() as session:
+        bed = _lock_bed(store, session, claim.bed_id)
+        execution = session.get_one(Execution, claim.execution_id)
+        _fill(execution, evidence, verdict)
+        _mark_bed(bed, evidence)
+        execution.result = "LOST"
+        add_spend(store, session, claim.sweep_id, execution.cost_usd)
+        # What this bed showed while it held the attempt still stands: quarantine it.
+        quarantine(session, bed, evidence.quarantines)
+    return Recorded(verdict, None, lost=True)
+
+
+def _lock_bed(store: Store, session: Session, bed_id: int) -> Bed:
+    # The bed's lock before any other row, as the claim orders them (no deadlock).
+    return session.get_one(Bed, bed_id, with_for_update=not store.is_sqlite)
+
+
+def _fill(execution: Execution, evidence: Evidence, verdict: Verdict) -> None:
+    """Copy what the execution learned onto its row."""
+    execution.finished_at = utcnow()
+    execution.run_id = evidence.run_id
+    execution.bed_seconds = evidence.bed_seconds
+    execution.reason = verdict.reason
+    execution.agent_started = evidence.agent_started
+    if evidence.score is not None or evidence.max_score is not None:
+        execution.score = evidence.score
+        execution.max_score = evidence.max_score
+    if evidence.envelope is not None:
+        execution.envelope = evidence.envelope
+        execution.envelope_sha256 = hashlib.sha256(evidence.envelope).hexdigest()
+    usage = evidence.usage
+    if usage is not None:
+        execution.cost_usd = usage.cost_usd
+        execution.input_tokens, execution.output_tokens = usage.input_tokens, usage.output_tokens
+        execution.cache_read_tokens = usage.cache_read_tokens
+        execution.cache_write_tokens = usage.cache_write_tokens
+        execution.turns, execution.adapter_status = usage.turns, usage.status
+        execution.provider_trouble = usage.provider_trouble
+
+
+def _mark_bed(bed: Bed, evidence: Evidence) -> None:
+    """Record on the bed whether this attempt left it with no agent process running."""
+    meta = {**(bed.meta or {}), AGENT_STOPPED: evidence.agent_stopped}
+    if evidence.stop_listing is not None:
+        meta[STOP_LISTING] = evidence.stop_listing
+    if meta != (bed.meta or {}):
+        bed.meta = meta
+
+
+# --- phase records ------------------------------------------------------------------------------
+
+
+def mark_agent_started(store: Store, execution_id: int) -> None:
+    """Committed before the run is issued: a worker that dies during the run still leaves its
+    execution counted as a re-run after the agent started."""
+    with store.session() as session:
+        session.execute(
+            update(Execution)
+            .where(Execution.id == execution_id)
+            .values(agent_started=True)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def record_phase(
+    store: Store,
+    execution_id: int,
+    name: str,
+    result: CommandResult,
+    output: PhaseOutput,
+    started: datetime,
+) -> None:
+    """One bed command's record; a repeat of the same phase start (a retried commit) is a no-op."""
+    with store.session() as session:
+        already = session.scalar(
+            select(Phase.id).where(
+                Phase.execution_id == execution_id,
+                Phase.name == name,
+                Phase.started_at == started,
+            )
+        )
+        if already is not None:
+            return
+        session.add(
+            Phase(
+                execution_id=execution_id,
+                name=name,
+                argv=list(result.argv),
+                rc=result.rc,
+                exit_code=output.exit_code,
+                tokens=[[t.name, t.detail] for t in output.tokens],
+                started_at=started,
+                finished_at=started + timedelta(seconds=result.duration),
+                duration=result.duration,
+                timed_out=result.timed_out,
+                transport_error=result.transport_error,
+                stdout=result.stdout.text(),
+                stdout_bytes=result.stdout.total,
+                stdout_truncated=result.stdout.truncated,
+                stderr=result.stderr.text(),
+                stderr_bytes=result.stderr.total,
+                stderr_truncated=result.stderr.truncated,
+            )
+        )
+
+
+# --- what operators do ---------------------------------------------------------------------------
+
+
+def quarantine_bed(store: Store, name: str, reason: str) -> None:
+    """Take an active bed out of its pool until a human releases it (`apg-farm bed release`)."""
+    with store.session() as session:
+        row = _bed_named(session, store, name)
+        if row.state == BedState.ACTIVE:
+            quarantine(session, row, [reason])
+
+
+def release_bed(store: Store, name: str, *, note: str = "released by operator") -> Bed:
+    """Return a quarantined (or draining) bed to its pool after a human looked at it. A bed
+    already active is left as it is; a removed bed is refused (the inventory brings it back)."""
+    with store.session() as session:
+        row = _bed_named(session, store, name)
+        if row.state == BedState.REMOVED:
+            raise NotReleasable(
+                f"bed {name!r} was removed from the inventory ({row.state_reason or 'removed'})",
+                field="bed",
+                fix="add it to the inventory again and run `apg-farm bed apply`",
+            )
+        if row.state != BedState.ACTIVE:
+            previous = row.state_reason
+            row.state = BedState.ACTIVE
+            row.state_reason = None
+            row.consecutive_errors = 0
+            session.add(BedEvent(bed_id=row.id, kind="released", detail=f"{note}; was: {previous}"))
+        session.flush()
+        session.expunge(row)
+        return row
+
+
+def _bed_named(session: Session, store: Store, name: str) -> Bed:
+    query = select(Bed).where(Bed.name == name)
+    row = session.scalar(query if store.is_sqlite else query.with_for_update())
+    if row is None:
+        raise NotFound(f"no bed named {name!r}", field="bed", fix="see `apg-farm bed list`")
+    return row
+
+
+def cancel_sweep(store: Store, sweep_id: int) -> int:
+    """Mark the sweep cancelled and its queued attempts CANCELLED (their count); running ones
+    stop at their next phase boundary. A sealed sweep's record is closed: refused."""
+    now = utcnow()
+    with store.session() as session:
+        sweep = _sweep(session, sweep_id)
+        refuse_if_sealed(sweep)
+        sweep.state = SweepState.CANCELLED
+        sweep.cancelled_at = sweep.cancelled_at or now
+        return rowcount(
+            session.execute(
+                update(Attempt)
+                .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED)
+                .values(
+                    state=AttemptState.DONE,
+                    outcome=Outcome.CANCELLED,
+                    reason="sweep cancelled before the attempt ran",
+                    finished_at=now,
+                )
+                .execution_options(synchronize_session=False)
+            )
+        )
+
+
+def retry_attempts(store: Store, sweep_id: int, outcomes: Collection[Outcome]) -> int:
+    """Put finished attempts with these outcomes back in the queue (their count); their
+    executions stay as history. Refused for a sealed or cancelled sweep."""
+    with store.session() as session:
+        sweep = _sweep(session, sweep_id)
+        refuse_if_sealed(sweep)
+        if sweep.state != SweepState.OPEN:
+            raise BadInput(f"sweep {sweep.name} was cancelled", fix="submit it under a new name")
+        rows = list(
+            session.scalars(
+                select(Attempt).where(
+                    Attempt.sweep_id == sweep_id,
+                    Attempt.state == AttemptState.DONE,
+                    Attempt.outcome.in_([o.value for o in outcomes]),
+                )
+            )
+        )
+        for attempt in rows:
+            attempt.reason = f"retry requested after {attempt.outcome}: {attempt.reason}"
+            attempt.state = AttemptState.QUEUED
+            attempt.outcome = None
+            attempt.finished_at = None
+            attempt.infra_failures = 0
+            attempt.deliveries = 0
+            attempt.excluded_beds = []
+            attempt.enqueued_at = None
+        return len(rows)
+
+
+def _sweep(session: Session, sweep_id: int) -> Sweep:
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        raise NotFound(
+            f"no sweep with id {sweep_id}", field="sweep", fix="see `apg-farm sweep list`"
+        )
+    return sweep

@@ -1,0 +1,170 @@
+"""The rules applied when an execution ends, each one small and named, all inside the one
+transaction of store/lifecycle.py that records the verdict (the caller holds the bed's lock, then
+the attempt's). None of them opens a session or commits.
+
+- `settle`: the retry decision (final outcome, requeue elsewhere, or a provider back-off);
+- `quarantine`: a bed is taken out for every reason asked, none dropped;
+- `pace_model`: the model's breaker and its believed outage (store/pacing.py);
+- `to_the_back`: an attempt the provider failed goes behind its pool's queue;
+- `finish_draining`: a draining bed that holds nothing any more is removed;
+- `count_lost_try`: a bed whose claims keep expiring is quarantined.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from apg_farm.contract import COUNTED, Outcome, Verdict
+from apg_farm.defaults import MAX_CONSECUTIVE_INFRA_ERRORS
+from apg_farm.store.db import Store
+from apg_farm.store.models import Attempt, AttemptState, Bed, BedEvent, BedState, Execution, utcnow
+from apg_farm.store.pacing import backoff, close, outage_clean, trip
+
+
+def settle(
+    row: Attempt,
+    bed: Bed,
+    verdict: Verdict,
+    *,
+    retries: int,
+    store: Store,
+    delays: tuple[float, float],
+) -> tuple[Outcome | None, str | None]:
+    """Apply a verdict to the attempt and the bed: (final outcome or None if requeued, the
+    quarantine reason when the bed failed too often in a row)."""
+    row.bed_id = None
+    row.lease_expires_at = None
+    if verdict.provider_trouble is not None:
+        # The provider failed, not the bed nor the model: the bed's count does not move, the
+        # attempt may go back to this very bed, and it waits out a back-off.
+        row.provider_failures += 1
+        wait = backoff(row.provider_failures, *delays)
+        # On the store's clock, the one the claim compares it with.
+        row.not_before = store.now_plus(wait)
+        row.state = AttemptState.QUEUED
+        row.reason = f"retrying after provider trouble: {verdict.reason}"
+        return None, None
+    if verdict.action != "retry":
+        bed.consecutive_errors = 0
+        assert verdict.outcome is not None
+        return done(row, verdict.outcome, verdict.reason), None
+    row.infra_failures += 1
+    bed.consecutive_errors += 1
+    in_a_row = None
+    if bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
+        in_a_row = (
+            f"{bed.consecutive_errors} infrastructure failures in a row; last: {verdict.reason}"
+        )
+    if row.infra_failures > retries:
+        # A last try that was a believed claim (a start failure the agent could have written)
+        # does not take the attempt out of the denominator: it is scored.
+        outcome = Outcome.NO_ATTEMPT if verdict.claim else Outcome.ERROR
+        return done(row, outcome, f"{verdict.reason} (after {row.infra_failures} tries)"), in_a_row
+    row.state = AttemptState.QUEUED
+    row.excluded_beds = sorted({*(row.excluded_beds or []), bed.id})
+    row.reason = f"retrying: {verdict.reason}"
+    return None, in_a_row
+
+
+def done(row: Attempt, outcome: Outcome, reason: str) -> Outcome:
+    row.state = AttemptState.DONE
+    row.outcome = outcome
+    row.reason = reason
+    row.finished_at = utcnow()
+    return outcome
+
+
+def quarantine(session: Session, bed: Bed, reasons: list[str]) -> None:
+    """Quarantine the bed for every reason given; none is ever dropped.
+
+    A draining bed is quarantined too (a human must look before it is removed), and a bed already
+    quarantined gains the new reasons. A removed bed stays removed.
+    """
+    new = [r for r in dict.fromkeys(reasons) if r not in (bed.state_reason or "")]
+    if not new or bed.state == BedState.REMOVED:
+        return
+    if bed.state == BedState.QUARANTINED and bed.state_reason:
+        bed.state_reason = "; ".join([bed.state_reason, *new])
+    else:
+        bed.state = BedState.QUARANTINED
+        bed.state_reason = "; ".join(new)
+    session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail="; ".join(new)))
+
+
+def pace_model(
+    store: Store,
+    session: Session,
+    *,
+    model: str,
+    probe: bool,
+    verdict: Verdict,
+    execution: Execution,
+    delays: tuple[float, float],
+) -> None:
+    """Provider trouble opens the model's breaker; a probe that ran without it closes it; a
+    run judged without trouble ends the model's believed outage (pacing.believe_outage)."""
+    if verdict.provider_trouble is not None:
+        trip(
+            store,
+            session,
+            model,
+            trouble=verdict.provider_trouble,
+            detail=verdict.reason,
+            base=delays[0],
+            ceiling=delays[1],
+            probe=probe,
+        )
+        return
+    if probe and verdict.action == "final":
+        close(store, session, model, execution.started_at)
+    # Not the record's word (an agent can write an outage into a run it passed): a run judged
+    # without believed trouble is one the provider answered.
+    if execution.agent_started and verdict.outcome in COUNTED:
+        outage_clean(session, model, execution.started_at)
+
+
+def to_the_back(session: Session, row: Attempt) -> None:
+    """Behind every queued attempt of its pool: the breaker's next probe is another attempt, so
+    an outage spreads its provider failures over the queue instead of using up one attempt's."""
+    last = session.scalar(
+        select(func.max(Attempt.seq)).where(
+            Attempt.pool == row.pool, Attempt.state == AttemptState.QUEUED, Attempt.id != row.id
+        )
+    )
+    if last is not None and last >= row.seq:
+        row.seq = last + 1
+
+
+def holds_attempt(session: Session, bed_id: int) -> bool:
+    """True while an attempt is running on this bed."""
+    held = session.scalar(
+        select(Attempt.id)
+        .where(Attempt.bed_id == bed_id, Attempt.state == AttemptState.RUNNING)
+        .limit(1)
+    )
+    return held is not None
+
+
+def finish_draining(session: Session, bed: Bed) -> bool:
+    """A draining bed that holds nothing any more is removed; True when that happened."""
+    if bed.state != BedState.DRAINING or holds_attempt(session, bed.id):
+        return False
+    bed.state = BedState.REMOVED
+    bed.state_reason = "removed from the inventory; drained"
+    session.add(BedEvent(bed_id=bed.id, kind="removed", detail="drained: holds no attempt"))
+    return True
+
+
+def count_lost_try(session: Session, bed_id: int) -> None:
+    """A claim of this bed expired (its worker or link died): one more failure in a row."""
+    bed = session.get(Bed, bed_id)
+    if bed is None:
+        return
+    bed.consecutive_errors += 1
+    if bed.state == BedState.ACTIVE and bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
+        bed.state = BedState.QUARANTINED
+        bed.state_reason = (
+            f"{bed.consecutive_errors} attempts lost in a row (its worker or link keeps dying)"
+        )
+        session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=bed.state_reason))
