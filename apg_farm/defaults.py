@@ -4,6 +4,10 @@ from __future__ import annotations
 
 #: Seconds a claim stays valid without renewal; the engine renews every third of it.
 LEASE_SECONDS = 60.0
+#: Seconds Store.retrying keeps at a transaction through a store that cannot be reached (a
+#: PostgreSQL restart or a short stop): under a lease, so a claim held through the outage is
+#: still this worker's when the store comes back.
+STORE_PATIENCE = 40.0
 #: A claim delivered more often than retries + this many times is poisoned, not looped.
 EXTRA_DELIVERIES = 3
 #: Seconds a model waits after its provider failed (rate limit, outage), doubling with each

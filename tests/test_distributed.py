@@ -83,6 +83,35 @@ def test_sigkilled_worker_attempt_runs_again_once(
     assert phases[-1] == "grade"
 
 
+def test_a_restarted_worker_waits_for_its_dead_predecessors_lease(
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    """One bed; its worker is SIGKILLed mid-attempt and started again at once, while the dead
+    one's lease still runs. The next message is the bed's own to run once that lease ends: the
+    new worker waits (the claim's refusal: bed busy) and never hands it back."""
+    store, workers = celery_farm
+    (bed,) = make_beds(store, tmp_path, 1, config={"time_scale": 60})
+    sweep_id = submit(store, spec("heir", tasks=1, models=1, trials=3)).sweep_id
+    # A lease that outlasts a worker's start, so the heir meets it still running.
+    workers.env = {**workers.env, "APG_FARM_LEASE_SECONDS": "15"}
+    workers.start(bed.name)
+    publish_attempts(store, celery_app(redis), range(1, 4))
+    _wait_for_run_phase(store, deadline=60)
+    workers.kill(bed.name)
+    workers.start(bed.name)
+    wait_done(store, sweep_id, redis, workers, timeout=180)
+    assert_counted_once_and_no_overlap(store, [bed])
+    with store.session() as session:
+        attempts = session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).all()
+        lost = session.scalars(select(Execution).where(Execution.result == "LOST")).all()
+    assert len(lost) == 1
+    assert len(attempts) == 3
+    logs = workers.logs()
+    # It waited for the lease, and handed nothing back (a hand-back counts towards the
+    # attempt's HAND_BACK_LIMIT, past which a retry may go to the bed it was meant to avoid).
+    assert "bed busy" in logs and "excluded here" not in logs, logs
+
+
 def _wait_for_run_phase(store: Store, deadline: float) -> str:
     """The name of a bed that is inside an attempt's run phase right now."""
     end = time.monotonic() + deadline

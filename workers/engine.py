@@ -72,11 +72,12 @@ from apg_farm.store import (
     Bed,
     Claim,
     Evidence,
+    Refusal,
     Store,
     Sweep,
     SweepState,
     believe_outage,
-    claim_next,
+    claim,
     mark_agent_started,
     record_lost,
     record_phase,
@@ -257,20 +258,38 @@ class AttemptEngine:
         self, *, sweep_id: int | None = None, attempt_id: int | None = None
     ) -> AttemptReport | None:
         """Claim and run one attempt; None when there is nothing this bed may take."""
+        report = self.take(sweep_id=sweep_id, attempt_id=attempt_id)
+        return report if isinstance(report, AttemptReport) else None
+
+    def take(
+        self, *, sweep_id: int | None = None, attempt_id: int | None = None
+    ) -> AttemptReport | Refusal:
+        """Claim and run one attempt, or the claim's refusal (why nothing was taken)."""
         with self._lock:
-            claim = self.store.retrying(
-                lambda: claim_next(
-                    self.store,
-                    self.bed_id,
-                    lease_seconds=self.lease_seconds,
-                    worker=self.worker,
-                    sweep_id=sweep_id,
-                    attempt_id=attempt_id,
-                    backoff=self.backoff,
-                )
+            taken = self.claim(sweep_id=sweep_id, attempt_id=attempt_id)
+            if isinstance(taken, Refusal):
+                return taken
+            return self._run(taken)
+
+    def claim(
+        self, *, sweep_id: int | None = None, attempt_id: int | None = None
+    ) -> Claim | Refusal:
+        """The claim alone (safe to repeat when the store could not be reached)."""
+        return self.store.retrying(
+            lambda: claim(
+                self.store,
+                self.bed_id,
+                lease_seconds=self.lease_seconds,
+                worker=self.worker,
+                sweep_id=sweep_id,
+                attempt_id=attempt_id,
+                backoff=self.backoff,
             )
-            if claim is None:
-                return None
+        )
+
+    def run(self, claim: Claim) -> AttemptReport:
+        """Run a claim this engine took."""
+        with self._lock:
             return self._run(claim)
 
     def _run(self, claim: Claim) -> AttemptReport:

@@ -12,8 +12,7 @@ from celery import Celery, Task, shared_task
 from celery.signals import worker_process_init, worker_process_shutdown
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.exc import DBAPIError
 
 from apg_farm.beds import (
     doctor_bed,
@@ -24,16 +23,12 @@ from apg_farm.beds import (
 )
 from apg_farm.settings import load_settings
 from apg_farm.store import (
-    Attempt,
-    AttemptState,
-    Bed,
     BedState,
-    ModelGate,
+    Claim,
+    Refusal,
     Store,
-    Sweep,
-    SweepState,
-    db_time,
-    sweep_pauses,
+    Why,
+    is_transient,
 )
 from scheduler import (
     BED_MAINTENANCE,
@@ -45,7 +40,7 @@ from scheduler import (
     store_now,
 )
 from workers.celery_app import WORKER_BED
-from workers.engine import AttemptEngine
+from workers.engine import AttemptEngine, AttemptReport
 from workers.heartbeat import Heartbeat, worker_name
 
 log = logging.getLogger(__name__)
@@ -61,6 +56,10 @@ WORKER_POOL_SIZE = 2
 
 #: Seconds an idle bed waits before handing back an attempt it may not take (a retry meant elsewhere).
 HAND_BACK_DELAY = 1.0
+
+#: Leases a message waits for when its bed still holds one (a dead predecessor's) before it is
+#: dropped for the reconciler to send again: more than one, so the claim then succeeds.
+LEASE_WAITS = 3
 
 
 class WorkerRuntime:
@@ -78,21 +77,53 @@ class WorkerRuntime:
 
     def run_attempt(self, app: Celery, attempt_id: int, hostname: str | None) -> str:
         """Run the attempt if this bed may take it; otherwise make sure it is not lost."""
-        report = self.engine.run_next(attempt_id=attempt_id)
-        if report is not None:
+        taken = self._take(attempt_id)
+        if isinstance(taken, AttemptReport):
+            report = taken
             if report.outcome is None and not report.lost and not report.verdict.provider_trouble:
                 # An infrastructure failure requeued it in the store: it needs a new message.
                 # (After provider trouble it waits out a back-off: the reconciler sends it then.)
                 self._publish(app, attempt_id)
             self._stop_if_inactive(app, hostname)
             return str(report.outcome or ("lost" if report.lost else "retry"))
-        reason = self._not_taken(attempt_id)
-        if reason in ("bed inactive", "excluded here"):
-            if reason == "excluded here":
+        refusal = taken
+        if refusal.why in (Why.BED_INACTIVE, Why.EXCLUDED):
+            if refusal.why == Why.EXCLUDED:
                 time.sleep(HAND_BACK_DELAY)
             self._publish(app, attempt_id)
             self._stop_if_inactive(app, hostname)
-        return reason
+        # PAUSED and WAITING are dropped, not handed back: the reconciler sends the attempt again
+        # once it may run, instead of every idle worker passing it round while a budget or a
+        # back-off holds. NOT_QUEUED and SWEEP_CLOSED: a duplicate message, nothing to do.
+        return str(refusal)[:200]
+
+    def _take(self, attempt_id: int) -> AttemptReport | Refusal:
+        """The claim, waiting out a lease this bed still holds (a predecessor that died): such a
+        message is this bed's to run once the lease ends, not a hand-back that counts against
+        the attempt's HAND_BACK_LIMIT."""
+        deadline = time.monotonic() + LEASE_WAITS * self.engine.lease_seconds
+        while True:
+            taken = self._claim(attempt_id)
+            if isinstance(taken, Claim):
+                return self.engine.run(taken)
+            if taken.why != Why.BED_BUSY:
+                return taken
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return taken
+            log.info("attempt %s: %s", attempt_id, taken)
+            time.sleep(min(left, max(0.2, (taken.retry_in or 1.0) + 0.2)))
+
+    def _claim(self, attempt_id: int) -> Claim | Refusal:
+        """The claim, through a store outage of any length: the message stays with this worker
+        (unacknowledged) until the store answers, so none is dropped for want of a store."""
+        while True:
+            try:
+                return self.engine.claim(attempt_id=attempt_id)
+            except DBAPIError as error:
+                if not is_transient(error):
+                    raise
+                self.store.wait_until_reachable(say=log.warning)
 
     def _publish(self, app: Celery, attempt_id: int) -> None:
         try:
@@ -101,26 +132,6 @@ class WorkerRuntime:
             # The attempt is queued in the store (the send rolled back with its transaction):
             # the reconciler finds it without a message and sends one once the broker is back.
             log.warning("attempt %s not re-sent, broker unreachable: %s", attempt_id, error)
-
-    def _not_taken(self, attempt_id: int) -> str:
-        with self.store.session() as session:
-            attempt = session.get(Attempt, attempt_id)
-            bed = session.scalar(select(Bed).where(Bed.name == self.bed_name))
-            if attempt is None:
-                return "no such attempt"
-            if attempt.state != AttemptState.QUEUED:
-                # Finished, or held by a live lease elsewhere: a duplicate or redelivered message.
-                return f"already {attempt.state}"
-            sweep = session.get_one(Sweep, attempt.sweep_id)
-            if sweep.state != SweepState.OPEN or sweep.sealed_at is not None:
-                return "sweep closed"
-            if bed is None or bed.state != BedState.ACTIVE:
-                return "bed inactive"
-            if waiting := _waiting(self.store, session, attempt, sweep):
-                # Dropped, not handed back: the reconciler sends it again once it may run,
-                # instead of every idle worker passing it round while a budget or a back-off holds.
-                return waiting
-            return "excluded here"
 
     def _stop_if_inactive(self, app: Celery, hostname: str | None) -> None:
         bed = get_bed(self.store, self.bed_name)
@@ -131,19 +142,6 @@ class WorkerRuntime:
             except BROKER_ERRORS as error:
                 # Its claims refuse attempts anyway; the next message it hands back tries again.
                 log.warning("could not stop consuming %s: %s", pool_queue(bed.pool), error)
-
-
-def _waiting(store: Store, session: Session, attempt: Attempt, sweep: Sweep) -> str | None:
-    """Why no bed may take the attempt for a while (a budget spent, a provider back-off), or None."""
-    if pauses := sweep_pauses(store, session, sweep):
-        return "paused: " + "; ".join(pauses)
-    now = db_time(store, session)
-    if attempt.not_before is not None and attempt.not_before > now:
-        return "waiting: provider back-off"
-    gate = session.get(ModelGate, attempt.model)
-    if gate is not None and gate.paused_until is not None and gate.paused_until > now:
-        return f"paused: model {attempt.model} (provider trouble)"
-    return None
 
 
 _store: Store | None = None
@@ -171,9 +169,16 @@ def _worker_bed() -> str:
 
 
 def runtime() -> WorkerRuntime:
+    """This process's runtime, made at its first message: through a store that cannot be
+    reached it waits (the message stays unacknowledged), never fails the task."""
     global _runtime
-    if _runtime is None:
-        _runtime = WorkerRuntime(_worker_bed(), worker_store())
+    while _runtime is None:
+        try:
+            _runtime = WorkerRuntime(_worker_bed(), worker_store())
+        except DBAPIError as error:
+            if not is_transient(error):
+                raise
+            worker_store().wait_until_reachable(say=log.warning)
     return _runtime
 
 

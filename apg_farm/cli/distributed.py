@@ -330,12 +330,15 @@ def worker_cmd(
     """Start the Celery worker pinned to one bed: its pool's attempts and its own maintenance queue.
 
     A bed not enrolled yet is waited for (the worker says so once and looks every few seconds)."""
-    from apg_farm.store import Bed, BedEvent, BedState
+    from apg_farm.store import Bed, BedEvent, BedState, Store
     from scheduler import bed_queue, pool_queue
     from workers import WORKER_BED, make_app
 
     settings, _ = require_broker()
-    store = open_store()
+    store = Store(settings.resolved_database_url(), upgrade=False)
+    # A worker started while its store is down waits for it, as it waits for its bed.
+    store.wait_until_reachable(say=lambda line: err.print(f"[yellow]{line}[/]"))
+    store.upgrade()
     row = wait_for_bed(store, bed)
     if row.state == BedState.REMOVED:
         raise BadInput(f"bed {bed} was removed", fix="add it again with `apg-farm bed add`")

@@ -7,16 +7,16 @@ renews the lease while it works; the reconciler returns attempts whose lease exp
 Leases are stamped and judged with the database's clock (Store.now), never a host's: a worker
 whose clock runs behind, or a reconciler whose clock runs ahead, cannot expire a live lease.
 
-Lock order, on every path that takes both: the bed rows first (in id order), then the attempt
-rows. A claimer locks its bed then skips attempts others hold; the reconciler locks the beds of
-the expired attempts then those attempts; the engine recording an end locks its bed then its
-attempt. Two transactions never wait for each other in opposite orders.
+The lock order is lifecycle.py's (bed rows, then attempt rows, then gates). A claim that takes
+nothing says why (`Refusal`), decided in its own transaction, so a front end never works it out
+again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
 from sqlalchemy import func, not_, or_, select, update
 from sqlalchemy.orm import Session
@@ -24,7 +24,6 @@ from sqlalchemy.orm import Session
 from apg_farm.contract import UNESCROWED, UNFINGERPRINTED, Outcome
 from apg_farm.defaults import (
     EXTRA_DELIVERIES,
-    MAX_CONSECUTIVE_INFRA_ERRORS,
     PROVIDER_BACKOFF,
     PROVIDER_BACKOFF_MAX,
 )
@@ -37,11 +36,21 @@ from apg_farm.store.models import (
     BedEvent,
     BedState,
     Execution,
+    ModelGate,
     Sweep,
     SweepState,
     utcnow,
 )
-from apg_farm.store.pacing import PROBE, Gates, at_capacity, claimable, farm_budget_reached
+from apg_farm.store.pacing import (
+    PROBE,
+    Gates,
+    at_capacity,
+    claimable,
+    db_time,
+    farm_budget_reached,
+    sweep_pauses,
+)
+from apg_farm.store.rules import count_lost_try
 
 #: How many queued attempts a claimer looks at to find one it may take.
 _CANDIDATES = 64
@@ -76,6 +85,40 @@ class Claim:
         return f"{self.sweep_name}/{self.task}/{self.model}/{self.trial}"
 
 
+class Why(StrEnum):
+    """Why a claim took nothing; each says what a front end should do with the message."""
+
+    #: The bed is not active (quarantined, draining, removed, or refused unattended work).
+    BED_INACTIVE = "bed inactive"
+    #: The bed holds a live lease (a predecessor that died may still hold it): wait for it.
+    BED_BUSY = "bed busy"
+    #: A budget is spent: a person must raise it.
+    PAUSED = "paused"
+    #: A back-off, a model's breaker or its max_concurrent: it lifts on its own.
+    WAITING = "waiting"
+    #: A retry meant for another bed: hand it back.
+    EXCLUDED = "excluded here"
+    #: The attempt is finished, running elsewhere, or unknown: a duplicate message.
+    NOT_QUEUED = "not queued"
+    #: The attempt's sweep is cancelled or sealed.
+    SWEEP_CLOSED = "sweep closed"
+    #: Nothing of the bed's pool is queued that it may take.
+    NOTHING = "nothing queued"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A claim that took nothing, and why, decided in the claim's own transaction."""
+
+    why: Why
+    detail: str = ""
+    #: Seconds until the refusal may lift on its own (a lease's end, a back-off), when known.
+    retry_in: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.why}: {self.detail}" if self.detail else str(self.why)
+
+
 #: The bed meta key saying the bed's last run ended with its agent confirmed stopped.
 AGENT_STOPPED = "agent_stopped"
 
@@ -106,7 +149,30 @@ def claim_next(
     attempt_id: int | None = None,
     backoff: tuple[float, float] = (PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX),
 ) -> Claim | None:
-    """Claim the next attempt this bed may run (or exactly `attempt_id`), or None.
+    """`claim`, for callers that need not know why nothing was taken."""
+    taken = claim(
+        store,
+        bed_id,
+        lease_seconds=lease_seconds,
+        worker=worker,
+        sweep_id=sweep_id,
+        attempt_id=attempt_id,
+        backoff=backoff,
+    )
+    return taken if isinstance(taken, Claim) else None
+
+
+def claim(
+    store: Store,
+    bed_id: int,
+    *,
+    lease_seconds: float,
+    worker: str,
+    sweep_id: int | None = None,
+    attempt_id: int | None = None,
+    backoff: tuple[float, float] = (PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX),
+) -> Claim | Refusal:
+    """Claim the next attempt this bed may run (or exactly `attempt_id`), or say why not.
 
     Only attempts every cap allows are looked at (pacing.py): the farm's and the sweep's
     budgets, the model's breaker and its max_concurrent; `backoff` (base, ceiling) is how long
@@ -115,18 +181,20 @@ def claim_next(
     with store.session() as session:
         # Lock the bed row: two claimers for one bed (two executors, a second worker) queue here.
         bed = session.get(Bed, bed_id, with_for_update=not store.is_sqlite)
-        if bed is None or bed.state != BedState.ACTIVE:
-            return None
-        if _busy(store, session, bed_id):
-            return None
+        if bed is None:
+            return Refusal(Why.BED_INACTIVE, f"no bed with id {bed_id}")
+        if bed.state != BedState.ACTIVE:
+            return Refusal(Why.BED_INACTIVE, f"the bed is {bed.state}")
+        if busy := _busy(store, session, bed_id):
+            return busy
         if refusal := _unattended_refusal(bed):
             # No unattended attempt on a bed whose verifier the agent could rewrite.
             bed.state = BedState.QUARANTINED
             bed.state_reason = refusal
             session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=refusal))
-            return None
-        if farm_budget_reached(store, session):
-            return None
+            return Refusal(Why.BED_INACTIVE, refusal)
+        if spent := farm_budget_reached(store, session):
+            return Refusal(Why.PAUSED, spent)
         query = (
             select(Attempt, Sweep)
             .join(Sweep, Sweep.id == Attempt.sweep_id)
@@ -158,15 +226,21 @@ def claim_next(
             {attempt.model for attempt, _ in candidates},
             capped={m for _, sweep in candidates for m in (sweep.max_concurrent or {})},
         )
+        skipped: Refusal | None = None
         for attempt, sweep in candidates:
             spec = SweepSpec.model_validate(sweep.spec)
             if _poisoned(attempt, spec):
                 _finish_poisoned(attempt, now)
+                skipped = skipped or Refusal(Why.NOT_QUEUED, "poisoned")
                 continue
             if not _may_take(attempt, bed_id, active):
+                skipped = Refusal(Why.EXCLUDED, "a retry meant for another bed")
                 continue
             admitted = gates.admits(attempt.model, (sweep.max_concurrent or {}).get(attempt.model))
             if not admitted:
+                skipped = skipped or Refusal(
+                    Why.WAITING, f"model {attempt.model} paused or at its max_concurrent"
+                )
                 continue
             won = rowcount(
                 session.execute(
@@ -221,7 +295,37 @@ def claim_next(
                 probe=admitted == PROBE,
                 agent_stopped=stopped_before,
             )
-    return None
+        if skipped is not None:
+            return skipped
+        if attempt_id is not None:
+            return _why_not(store, session, attempt_id, bed)
+        return Refusal(Why.NOTHING, f"nothing queued in pool {bed.pool} that this bed may take")
+
+
+def _why_not(store: Store, session: Session, attempt_id: int, bed: Bed) -> Refusal:
+    """Why `attempt_id` was not among the attempts this bed may take now (same transaction)."""
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        return Refusal(Why.NOT_QUEUED, f"no attempt with id {attempt_id}")
+    if attempt.state != AttemptState.QUEUED:
+        # Finished, or held by a live lease elsewhere: a duplicate or redelivered message.
+        return Refusal(Why.NOT_QUEUED, f"already {attempt.state}")
+    sweep = session.get_one(Sweep, attempt.sweep_id)
+    if sweep.state != SweepState.OPEN or sweep.sealed_at is not None:
+        return Refusal(Why.SWEEP_CLOSED, f"sweep {sweep.name} is {sweep.state}")
+    if attempt.pool != bed.pool:
+        return Refusal(Why.EXCLUDED, f"the attempt is for pool {attempt.pool}")
+    if pauses := sweep_pauses(store, session, sweep):
+        return Refusal(Why.PAUSED, "; ".join(pauses))
+    now = db_time(store, session)
+    if attempt.not_before is not None and attempt.not_before > now:
+        wait = (attempt.not_before - now).total_seconds()
+        return Refusal(Why.WAITING, "provider back-off", retry_in=wait)
+    gate = session.get(ModelGate, attempt.model)
+    if gate is not None and gate.paused_until is not None and gate.paused_until > now:
+        wait = (gate.paused_until - now).total_seconds()
+        return Refusal(Why.WAITING, f"model {attempt.model} paused (provider trouble)", wait)
+    return Refusal(Why.WAITING, f"model {attempt.model} at its max_concurrent")
 
 
 def _unattended_refusal(bed: Bed) -> str | None:
@@ -233,36 +337,29 @@ def _unattended_refusal(bed: Bed) -> str | None:
     return None
 
 
-def _busy(store: Store, session: Session, bed_id: int) -> bool:
-    """True while the bed holds a live claim: a bed never runs two attempts at once.
+def _busy(store: Store, session: Session, bed_id: int) -> Refusal | None:
+    """A refusal while the bed holds a live claim: a bed never runs two attempts at once.
 
     A claim whose lease already ran out (its worker died) is given back first, so a restarted
-    worker need not wait for the reconciler. The caller holds the bed's lock.
+    worker need not wait for the reconciler; one whose lease still runs (a predecessor that died
+    moments ago) is waited for, never handed round. The caller holds the bed's lock.
     """
     held = session.execute(
-        select(Attempt.id, Attempt.lease_expires_at < store.now())
+        select(Attempt.id, Attempt.lease_expires_at < store.now(), Attempt.lease_expires_at)
         .where(Attempt.bed_id == bed_id, Attempt.state == AttemptState.RUNNING)
         .order_by(Attempt.id)
     ).all()
-    for attempt_id, expired in held:
+    for attempt_id, expired, until in held:
         if expired:
             _requeue(session, [attempt_id])
         else:
-            return True
-    return False
-
-
-def _count_bed_failure(session: Session, bed_id: int) -> None:
-    bed = session.get(Bed, bed_id)
-    if bed is None:
-        return
-    bed.consecutive_errors += 1
-    if bed.state == BedState.ACTIVE and bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
-        bed.state = BedState.QUARANTINED
-        bed.state_reason = (
-            f"{bed.consecutive_errors} attempts lost in a row (its worker or link keeps dying)"
-        )
-        session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=bed.state_reason))
+            left = (until - db_time(store, session)).total_seconds() if until else None
+            return Refusal(
+                Why.BED_BUSY,
+                f"attempt {attempt_id} holds the bed's lease; wait for the lease",
+                retry_in=max(0.0, left) if left is not None else None,
+            )
+    return None
 
 
 def _finish_poisoned(attempt: Attempt, now: datetime) -> None:
@@ -342,7 +439,7 @@ def _requeue(session: Session, ids: list[int]) -> None:
             # The bed (or its worker, or the link to it) stopped answering: like any infrastructure
             # failure, the attempt goes elsewhere and the bed's failures in a row grow.
             attempt.excluded_beds = sorted({*(attempt.excluded_beds or []), attempt.bed_id})
-            _count_bed_failure(session, attempt.bed_id)
+            count_lost_try(session, attempt.bed_id)
         attempt.state = AttemptState.QUEUED
         attempt.bed_id = None
         attempt.lease_expires_at = None

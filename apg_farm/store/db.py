@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from apg_farm.defaults import STORE_PATIENCE
 from apg_farm.errors import BadInput, StoreError
 from apg_farm.store.models import UTCDateTime, utcnow
 
@@ -37,7 +38,36 @@ T = TypeVar("T")
 
 #: PostgreSQL's deadlock (40P01) and serialization failure (40001): the server rolled the
 #: transaction back, and running it again is how it is meant to be handled.
-_RETRY_SQLSTATES = frozenset({"40P01", "40001"})
+_RETRY_SQLSTATES = frozenset(
+    {
+        "40P01",  # deadlock detected
+        "40001",  # serialization failure
+        "57P01",  # admin shutdown (a restart)
+        "57P02",  # crash shutdown
+        "57P03",  # cannot connect now (starting up, shutting down)
+        "08000",  # the connection exceptions
+        "08001",
+        "08003",
+        "08004",
+        "08006",
+    }
+)
+#: How psycopg words a server it cannot reach (a new connection carries no SQLSTATE). Not a
+#: refused login or a missing database: those are mistakes that waiting does not fix.
+_UNREACHABLE = (
+    "connection refused",
+    "could not connect to server",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is in recovery mode",
+    "server closed the connection",
+    "terminating connection",
+    "no connection to the server",
+    "connection timed out",
+    "connection reset by peer",
+    "ssl connection has been closed unexpectedly",
+    "consuming input failed",
+)
 #: The URL query flag saying the server is reached through PgBouncer in transaction pooling mode.
 PGBOUNCER_FLAG = "pgbouncer"
 
@@ -193,23 +223,43 @@ class Store:
         with self._readers.begin() as session:
             yield session
 
-    def retrying(self, work: Callable[[], T], *, tries: int = 6) -> T:
-        """Run `work` (one or more whole transactions) again when the database connection drops,
-        or when PostgreSQL rolled it back as a deadlock's victim or a serialization failure.
+    def retrying(self, work: Callable[[], T], *, patience: float = STORE_PATIENCE) -> T:
+        """Run `work` (one or more whole transactions) again, for up to `patience` seconds, when
+        the database cannot be reached or the connection drops (a restart, a short stop), or
+        when PostgreSQL rolled it back as a deadlock's victim or a serialization failure.
 
         `work` must be safe to repeat: the engine's writes check what is already recorded first.
         """
+        deadline = time.monotonic() + patience
         delay = 0.25
-        for attempt in range(1, tries + 1):
+        while True:
             try:
                 return work()
             except DBAPIError as error:
-                if attempt == tries or not _is_transient(error):
+                left = deadline - time.monotonic()
+                if left <= 0 or not is_transient(error):
                     raise
                 # Jittered, so two transactions that deadlocked do not meet again in step.
-                time.sleep(delay * random.uniform(0.5, 1.0))
+                time.sleep(min(left, delay * random.uniform(0.5, 1.0)))
                 delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+
+    def wait_until_reachable(self, *, say: Callable[[str], None] | None = None) -> None:
+        """Block until the store answers (a worker has nothing to do without it); says once what
+        it waits for. A mistake waiting cannot fix (a refused login) is raised."""
+        delay, said = 0.5, False
+        while True:
+            try:
+                with self.engine.connect() as connection:
+                    connection.exec_driver_sql("SELECT 1")
+                return
+            except DBAPIError as error:
+                if not is_transient(error):
+                    raise
+                if say is not None and not said:
+                    say(f"the store at {self.safe_url()} cannot be reached; waiting for it")
+                    said = True
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def now(self) -> ColumnElement[datetime]:
         """The current time as SQL: the server's clock on PostgreSQL, so leases stamped and
@@ -232,17 +282,16 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _is_transient(error: DBAPIError) -> bool:
+def is_transient(error: DBAPIError) -> bool:
+    """True for a database error that waiting can end: a server that cannot be reached or
+    dropped the connection, a deadlock's victim, a serialization failure."""
     return _is_disconnect(error) or getattr(error.orig, "sqlstate", None) in _RETRY_SQLSTATES
 
 
 def _is_disconnect(error: DBAPIError) -> bool:
     # SQLite's "database is locked" is handled by its busy timeout, not here.
-    return (
-        bool(error.connection_invalidated)
-        or "server closed the connection" in str(error)
-        or ("terminating connection" in str(error))
-    )
+    text = str(error.orig if error.orig is not None else error).lower()
+    return bool(error.connection_invalidated) or any(words in text for words in _UNREACHABLE)
 
 
 def rowcount(result: Result[Any]) -> int:
