@@ -1,4 +1,4 @@
-"""Tests for apg_farm.contract.commands: argv builders and readers of recorded bed output."""
+"""Tests for the contract: argv builders (contract/argv.py) and readers of recorded bed output."""
 
 from __future__ import annotations
 

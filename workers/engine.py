@@ -881,7 +881,7 @@ class _Attempt:
         if listing is None:
             return set()
         names = set(listing)
-        if getattr(listing, "truncated", False):
+        if listing.truncated:
             self._runs_truncated = True
         return names
 

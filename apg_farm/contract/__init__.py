@@ -1,13 +1,31 @@
 """The bed contract: what a bed is asked and what its answers mean.
 
-`commands` builds each `ddev ai-eval-*` argv and reads what a bed prints (exit codes, `APG_*`
-tokens, run ids, JSON reports); `envelope` reads the every_eval_ever grade; `outcomes` is the
-outcome policy; `bedenv` is the environment a bed command gets. Used as `contract.run(...)`.
+`argv` builds each `ddev ai-eval-*` argv (every argument checked); what a bed prints is read by
+`tokens` (`APG_*` lines, DDEV's failure line), `output` (one command's real exit code and
+diagnostics), `runs` (which run folder is the attempt's), `records` (run.json), `reports` (doctor
+and diff JSON, the escrow path), `site` (the diff as evidence), `usage` (the adapter's record) and
+`envelope` (the every_eval_ever grade); `outcomes` is the outcome policy; `bedenv` is the
+environment a bed command gets. Used as `contract.run(...)`.
 Imports only transports.
 """
 
 from __future__ import annotations
 
+from apg_farm.contract.argv import (
+    SAFE_ARG,
+    check_arg,
+    diff,
+    doctor,
+    escrow,
+    grade,
+    provision,
+    reset,
+    restart,
+    run,
+    trusted_verify,
+    verify,
+    web_exec,
+)
 from apg_farm.contract.bedenv import (
     ALLOWED_BASE_NAMES,
     ATTEMPT_VARIABLE,
@@ -15,35 +33,6 @@ from apg_farm.contract.bedenv import (
     bed_environment,
     is_credential_shaped,
     is_farm_setting,
-)
-from apg_farm.contract.commands import (
-    SAFE_ARG,
-    DdevFailure,
-    PhaseOutput,
-    RunIdDiscovery,
-    RunRecord,
-    Token,
-    check_arg,
-    diff,
-    discover_run_id,
-    doctor,
-    escrow,
-    grade,
-    parse_ddev_failure,
-    parse_escrow_path,
-    parse_json_report,
-    parse_tokens,
-    printed_run_ids,
-    provision,
-    read_output,
-    reset,
-    restart,
-    run,
-    run_record,
-    strip_ansi,
-    trusted_verify,
-    verify,
-    web_exec,
 )
 from apg_farm.contract.envelope import (
     MAX_ENVELOPE_BYTES,
@@ -79,7 +68,31 @@ from apg_farm.contract.outcomes import (
     needs_baseline_grade,
     with_quarantine,
 )
+from apg_farm.contract.output import (
+    PhaseOutput,
+    read_output,
+)
+from apg_farm.contract.records import (
+    RunRecord,
+    run_record,
+)
+from apg_farm.contract.reports import (
+    parse_escrow_path,
+    parse_json_report,
+)
+from apg_farm.contract.runs import (
+    RunIdDiscovery,
+    discover_run_id,
+    printed_run_ids,
+)
 from apg_farm.contract.site import SiteState, site_state
+from apg_farm.contract.tokens import (
+    DdevFailure,
+    Token,
+    parse_ddev_failure,
+    parse_tokens,
+    strip_ansi,
+)
 from apg_farm.contract.usage import USAGE_FILES, USAGE_LIMIT, Usage, read_usage
 
 __all__ = [

@@ -14,8 +14,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from apg_farm.contract.commands import PhaseOutput
     from apg_farm.contract.envelope import Grade
+    from apg_farm.contract.output import PhaseOutput
     from apg_farm.contract.site import SiteState
 
 

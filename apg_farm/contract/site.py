@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from apg_farm.errors import FarmError
 
 if TYPE_CHECKING:
-    from apg_farm.contract.commands import PhaseOutput
+    from apg_farm.contract.output import PhaseOutput
 
 #: Tokens that make a diff report partial: what it does not cover may have changed.
 PARTIAL = ("APG_DIFF_ERROR", "APG_DIFF_UNRECORDED")
@@ -36,7 +36,7 @@ class SiteState:
 
 def site_state(output: PhaseOutput, stdout: bytes, *, truncated: bool) -> SiteState:
     """Read the diff phase's result by the rule above."""
-    from apg_farm.contract.commands import parse_json_report
+    from apg_farm.contract.reports import parse_json_report
 
     if output.exit_code != 0:
         return SiteState(False, f"the diff did not run (exit {output.exit_code})")

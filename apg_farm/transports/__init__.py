@@ -96,19 +96,13 @@ def transport_in_use(bed: BedAddress, transport: Transport | None = None) -> Ite
     try:
         yield fresh
     finally:
-        close = getattr(fresh, "close", None)
-        if callable(close):
-            close()
+        fresh.close()
 
 
 def host_environment(transport: Transport) -> Mapping[str, str] | None:
     """The environment of the bed's host that a bed command's allow-list is drawn from: over SSH
     the host's own login environment (its PATH and HOME, not the farm's), else None (this process's)."""
-    probe = getattr(transport, "host_environment", None)
-    if not callable(probe):
-        return None
-    found: Mapping[str, str] = probe()
-    return found
+    return transport.host_environment()
 
 
 __all__ = [

@@ -95,7 +95,12 @@ class ListingFailed(FarmError):
 
 
 class Transport(Protocol):
-    """A way to run commands and read files on a bed's host."""
+    """A way to run commands and read files on a bed's host: every capability the farm uses.
+
+    `run`, `read_file` and `list_dir` each transport must give; `close` and `host_environment`
+    have defaults here for a transport that holds nothing and runs in this process's environment
+    (LocalTransport and SshTransport name this class as their base to inherit them).
+    """
 
     def run(
         self,
@@ -118,3 +123,12 @@ class Transport(Protocol):
         Raises ListingFailed when it exists but cannot be listed, or the host cannot be asked.
         """
         ...
+
+    def close(self) -> None:
+        """Let go of what the transport holds (an SSH connection); nothing by default."""
+        return None
+
+    def host_environment(self) -> Mapping[str, str] | None:
+        """The environment a bed command's allow-list is drawn from on the bed's host, or None
+        for this process's own (a local bed)."""
+        return None

@@ -13,7 +13,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from apg_farm.transports import reaper
-from apg_farm.transports.base import LIST_LIMIT, Captured, CommandResult, Listing, ListingFailed
+from apg_farm.transports.base import (
+    LIST_LIMIT,
+    Captured,
+    CommandResult,
+    Listing,
+    ListingFailed,
+    Transport,
+)
 from apg_farm.transports.capture import BoundedCapture
 from apg_farm.transports.strays import MARKER
 
@@ -29,7 +36,7 @@ _TICK = 0.05
 _FIRST_STEP = 0.001
 
 
-class LocalTransport:
+class LocalTransport(Transport):
     """Runs commands on this host with an exact environment, bounded output and a hard deadline."""
 
     def __init__(

@@ -46,7 +46,14 @@ from typing import Protocol
 import paramiko
 
 from apg_farm.errors import BadInput, FarmError
-from apg_farm.transports.base import LIST_LIMIT, Captured, CommandResult, Listing, ListingFailed
+from apg_farm.transports.base import (
+    LIST_LIMIT,
+    Captured,
+    CommandResult,
+    Listing,
+    ListingFailed,
+    Transport,
+)
 from apg_farm.transports.capture import BoundedCapture
 from apg_farm.transports.strays import MARKER, marker_for
 
@@ -439,7 +446,7 @@ def _new_command_id() -> str:
 # -- the transport -------------------------------------------------------------------------------
 
 
-class SshTransport:
+class SshTransport(Transport):
     """Runs bed commands on one host over SSH; one connection per bed, re-opened after a drop."""
 
     def __init__(

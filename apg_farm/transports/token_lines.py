@@ -33,7 +33,7 @@ LINE_BYTES = 4096
 #: Lines holding `APG_` read one by one per piece fed, from its start and again from its end.
 _READS_PER_PASS = 512
 
-# The contract's text rules (apg_farm/contract/commands.py reads with these): SGR colours (the
+# The contract's text rules (apg_farm/contract/tokens.py reads with these): SGR colours (the
 # contract's form), other CSI, 8-bit CSI, OSC, charset and two-byte escapes, then a lone ESC;
 # then a token line, matched after stripping them.
 ANSI_ESCAPE = re.compile(
