@@ -9,7 +9,7 @@ alive (their heartbeats). Imports results, store and contract; never workers.
 
 from __future__ import annotations
 
-from scheduler.control import (
+from apg_farm.scheduler.control import (
     WorkerSeen,
     live_workers,
     parse_retry_outcomes,
@@ -17,10 +17,10 @@ from scheduler.control import (
     sweep_status,
     worker_beats,
 )
-from scheduler.estimate import PairEstimate, Spread, SweepEstimate, Total, estimate_sweep
-from scheduler.plan import expand
-from scheduler.publish import Sender, publish_attempts
-from scheduler.queues import (
+from apg_farm.scheduler.estimate import PairEstimate, Spread, SweepEstimate, Total, estimate_sweep
+from apg_farm.scheduler.plan import expand
+from apg_farm.scheduler.publish import Sender, publish_attempts
+from apg_farm.scheduler.queues import (
     BED_MAINTENANCE,
     HEARTBEAT_SECONDS,
     LIVE_WITHIN,
@@ -33,8 +33,8 @@ from scheduler.queues import (
     pool_queue,
     task_id,
 )
-from scheduler.reconciler import Reconciliation, reconcile
-from scheduler.submission import Submission, submit
+from apg_farm.scheduler.reconciler import Reconciliation, reconcile
+from apg_farm.scheduler.submission import Submission, submit
 
 __all__ = [
     "BED_MAINTENANCE",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from apg_farm.scheduler.queues import LIVE_WITHIN
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -22,7 +23,6 @@ from apg_farm.store import (  # cancel_sweep, retry_attempts: the lifecycle's
     WorkerBeat,
     pace_status,
 )
-from scheduler.queues import LIVE_WITHIN
 
 
 def store_now(session: Session, store: Store) -> datetime:

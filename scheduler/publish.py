@@ -8,11 +8,11 @@ from functools import partial
 from itertools import islice
 from typing import Any, Protocol
 
+from apg_farm.scheduler.queues import RUN_ATTEMPT, attempt_time_limits, pool_queue, task_id
 from sqlalchemy import Row, select, update
 
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState
-from scheduler.queues import RUN_ATTEMPT, attempt_time_limits, pool_queue, task_id
 
 #: Attempt ids per statement: far below PostgreSQL's 65,535 bind parameters and SQLite's 32,766,
 #: and a bounded batch in memory however many attempts are dispatched.

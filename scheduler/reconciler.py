@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
+from apg_farm.scheduler.broker_view import attempts_with_messages
+from apg_farm.scheduler.publish import Sender, publish_attempts
+from apg_farm.scheduler.queues import pool_queue
 from sqlalchemy import or_, select, tuple_
 
 from apg_farm.store import (
@@ -27,9 +30,6 @@ from apg_farm.store import (
     farm_budget_reached,
     requeue_expired,
 )
-from scheduler.broker_view import attempts_with_messages
-from scheduler.publish import Sender, publish_attempts
-from scheduler.queues import pool_queue
 
 #: A message sent this recently may be between the queue and a worker's unacked set: leave it.
 IN_FLIGHT_GRACE = timedelta(seconds=10)

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
 
+from apg_farm.scheduler.plan import AttemptKey, iter_keys
 from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
@@ -23,7 +24,6 @@ from apg_farm.store import (
     ensure_gates,
     utcnow,
 )
-from scheduler.plan import AttemptKey, iter_keys
 
 #: Fields that define what an attempt is; a sweep cannot change them once submitted.
 _FIXED = ("dataset", "fixtures", "agent")

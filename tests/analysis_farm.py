@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 
 from apg_farm.store import Store
-from fixtures import simbed
-from scheduler import submit
 from tests.simbeds import TEST_TIME_SCALE, make_beds, spec
-from workers import EmbeddedExecutor
 
 WEAK_MODEL = "openai/gpt-6"
 TASKS = simbed.DEFAULT_TASKS[:2]

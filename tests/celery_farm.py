@@ -10,14 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import reconcile
+from apg_farm.workers import make_app
 from sqlalchemy import select
 
 from apg_farm.settings import Settings
 from apg_farm.store import Attempt, AttemptState, Bed, Execution, Store
-from fixtures import simbed
-from scheduler import reconcile
 from tests.services import RedisServer, Workers, sweep_done
-from workers import make_app
 
 #: Seconds of a worker's lease in these tests: short, so a killed worker's attempt returns soon.
 LEASE = 3.0

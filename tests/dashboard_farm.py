@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select, update
 
 from apg_farm.store import Attempt, Bed, BedEvent, BedState, Execution, Phase, Store
-from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor
 
 TOKEN = "test-dashboard-token-0123456789abcdef"
 SCRIPT = "<script>window.__xss=1</script>"

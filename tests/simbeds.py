@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apg_farm.fixtures import simbed
 
 from apg_farm.beds import get_bed
 from apg_farm.cli import simulated_bed
 from apg_farm.specs import SweepSpec, Timeouts
 from apg_farm.store import Bed, Store
-from fixtures import simbed
 
 #: Fast enough for tests: a 36 s reset takes 18 ms, a 5-minute agent run 150 ms.
 TEST_TIME_SCALE = 2000

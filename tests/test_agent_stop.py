@@ -3,7 +3,7 @@ on container beds are in tests/test_container_beds.py)."""
 
 from __future__ import annotations
 
-from workers.agent_stop import PS_ARGV, kill_argv, leftovers, read_ps
+from apg_farm.workers.agent_stop import PS_ARGV, kill_argv, leftovers, read_ps
 
 PS = " ".join(PS_ARGV)
 

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from apg_farm.scheduler import submit
+from apg_farm.workers import AttemptEngine
+from apg_farm.workers.engine import BedInfo, _Attempt
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -32,10 +35,7 @@ from apg_farm.store import (
     utcnow,
 )
 from apg_farm.store.claims import HAND_BACK_LIMIT
-from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers import AttemptEngine
-from workers.engine import BedInfo, _Attempt
 
 
 def _bed(store: Store, name: str) -> int:

@@ -154,7 +154,7 @@ def test_run_without_beds_fails_clearly(tmp_path: Path) -> None:
 
 def test_readme_real_bed_flow(tmp_path: Path) -> None:
     """The README's steps on simulated beds: provision, escrow, `bed add --escrow-set`, doctor, run, report."""
-    from fixtures import simbed
+    from apg_farm.fixtures import simbed
 
     home = tmp_path / "home"
     ddev = simbed.install_ddev(tmp_path / "bin")

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from apg_farm.scheduler import attempt_time_limits
+from apg_farm.workers import make_app
 from sqlalchemy.engine import make_url
 
 from apg_farm.cli import distributed
@@ -19,9 +21,7 @@ from apg_farm.errors import BadInput
 from apg_farm.settings import Settings, load_settings
 from apg_farm.specs import parse_sweep
 from apg_farm.store import Store, normalize_url
-from scheduler import attempt_time_limits
 from tests.simbeds import make_beds
-from workers import make_app
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -54,7 +54,7 @@ def test_compose_has_the_services_and_they_are_wired() -> None:
     assert "pool_mode = transaction" in " ".join(services["pgbouncer"]["command"])
     assert services["scheduler"]["command"] == ["apg-farm", "scheduler"]
     assert services["worker-bed-1"]["command"] == ["apg-farm", "worker", "--bed", "bed-1"]
-    assert "workers.celery_app" in services["flower"]["command"]
+    assert "apg_farm.workers.celery_app" in services["flower"]["command"]
     assert services["dashboard"]["command"] == [
         "apg-farm", "serve", "--host", "0.0.0.0", "--port", "8080"
     ]  # fmt: skip

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select, update
 
 from apg_farm.errors import BadInput
@@ -25,12 +28,9 @@ from apg_farm.results import (
     parse_cost_increase,
 )
 from apg_farm.store import Attempt, Execution, Store
-from fixtures import simbed
-from scheduler import submit
 from tests.analysis_farm import Farm
 from tests.cli_runner import run_main
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor
 
 CHEAP, DEAR = simbed.DEFAULT_MODELS[:2]
 #: Cost of every execution of each sweep, per model: `dear` costs 25 % more for DEAR only.

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import update
 
 from apg_farm.results import (
@@ -23,11 +25,9 @@ from apg_farm.results import (
 from apg_farm.results.cost_plot import nice_ticks
 from apg_farm.results.html_report import PALETTE
 from apg_farm.store import Execution, Store
-from scheduler import submit
 from tests.analysis_farm import Farm, shared_farm
 from tests.simbeds import make_beds, spec
 from tests.test_analysis import render_in_chromium
-from workers import EmbeddedExecutor
 
 
 def point(label: str, cost: float, rate: float) -> CostPoint:

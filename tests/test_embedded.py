@@ -8,6 +8,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select
 
 from apg_farm.contract import Outcome
@@ -23,10 +26,7 @@ from apg_farm.store import (
     Store,
     cancel_sweep,
 )
-from fixtures import simbed
-from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor
 
 
 def _run(store: Store, sweep_id: int) -> None:

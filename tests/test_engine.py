@@ -8,15 +8,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
+from apg_farm.workers import AttemptEngine
 from sqlalchemy import select, update
 
 from apg_farm.contract import ALLOWED_BASE_NAMES, ATTEMPT_VARIABLE, FORCED, Outcome
 from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, requeue_expired
 from apg_farm.transports.strays import MARKER
-from fixtures import simbed
-from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers import AttemptEngine
 
 
 def test_a_claim_lost_mid_attempt_is_counted_once(store: Store, tmp_path: Path) -> None:

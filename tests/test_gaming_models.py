@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select
 
 from apg_farm.contract import COUNTED, Outcome
 from apg_farm.specs import Timeouts
 from apg_farm.store import Attempt, Bed, BedState, Execution, Phase, Store
-from fixtures import simbed
-from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor
 
 HONEST, GAMER = simbed.DEFAULT_MODELS[:2]
 SKILL = 0.3

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from apg_farm.scheduler import submit
 from sqlalchemy import func, select
 
 from apg_farm.contract import Outcome
@@ -26,7 +27,6 @@ from apg_farm.store import (
     retry_attempts,
     utcnow,
 )
-from scheduler import submit
 from tests.simbeds import make_beds, spec
 
 

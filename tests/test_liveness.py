@@ -18,6 +18,20 @@ from typing import Any
 import pytest
 import redis as redis_client
 import yaml
+from apg_farm.scheduler import (
+    BED_MAINTENANCE,
+    LIVE_WITHIN,
+    bed_queue,
+    live_workers,
+    publish_attempts,
+    store_now,
+    submit,
+    sweep_status,
+    worker_beats,
+)
+from apg_farm.workers import heartbeat as heartbeat_module
+from apg_farm.workers import tasks
+from apg_farm.workers.heartbeat import Heartbeat, worker_name
 from sqlalchemy import event, select, update
 
 from apg_farm.cli.distributed import maintenance_via_worker, sweep_without_worker
@@ -33,23 +47,9 @@ from apg_farm.store import (
     WorkerBeat,
     utcnow,
 )
-from scheduler import (
-    BED_MAINTENANCE,
-    LIVE_WITHIN,
-    bed_queue,
-    live_workers,
-    publish_attempts,
-    store_now,
-    submit,
-    sweep_status,
-    worker_beats,
-)
 from tests.celery_farm import celery_app
 from tests.services import RedisServer, Workers, sweep_done
 from tests.simbeds import make_beds, spec
-from workers import heartbeat as heartbeat_module
-from workers import tasks
-from workers.heartbeat import Heartbeat, worker_name
 
 #: `--wait`'s grace in these tests: short, so a test that gives up does so quickly.
 GRACE = "3"

@@ -6,6 +6,8 @@ import threading
 import time
 from pathlib import Path
 
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor, ExecutorResult
 from sqlalchemy import select
 
 from apg_farm.beds import get_bed
@@ -13,11 +15,9 @@ from apg_farm.contract import Outcome
 from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store
 from apg_farm.transports import Transport
 from apg_farm.transports.ssh import SshTransport, target_of
-from scheduler import submit
 from tests.netns import netns_hosts
 from tests.remotebeds import outcome_counts, remote_beds
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor, ExecutorResult
 
 #: Host A's beds are slow enough that the cut lands inside an agent run.
 SLOW = {"time_scale": 200}

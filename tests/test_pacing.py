@@ -10,6 +10,9 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit, sweep_status
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import func, select
 
 from apg_farm.contract import Outcome
@@ -27,10 +30,7 @@ from apg_farm.store import (
     set_budget,
     set_sweep_budget,
 )
-from fixtures import simbed
-from scheduler import submit, sweep_status
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor
 
 M0, M1 = simbed.DEFAULT_MODELS[:2]
 

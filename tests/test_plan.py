@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from apg_farm.scheduler import expand, submit
 from sqlalchemy import func, select
 
 from apg_farm.errors import BadInput
 from apg_farm.specs import parse_sweep
 from apg_farm.store import Attempt, Store
-from scheduler import expand, submit
 
 SPEC = {"name": "s", "tasks": ["t1", "t2", "t3"], "models": ["m1", "m2"], "trials": 10}
 

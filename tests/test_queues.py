@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler import attempt_of, bed_queue, pool_queue, task_id
+from apg_farm.scheduler import attempt_of, bed_queue, pool_queue, task_id
 
 
 def test_pool_queue_names_are_tame_and_distinct() -> None:

@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select, update
 
 from apg_farm.errors import BadInput
 from apg_farm.results import SealedSweep, artifacts, seal, verify_seal
 from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, Sweep, claim_next
-from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor
 
 
 def _sweep(store: Store, name: str) -> Sweep:

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import delete, func, insert, select, text, update
 
 from apg_farm.results import seal, verify_seal
@@ -33,11 +36,8 @@ from apg_farm.results.sealing import (
     check_manifest,
 )
 from apg_farm.store import Attempt, Base, Execution, Phase, Store, Sweep, utcnow
-from fixtures import simbed
-from scheduler import submit
 from tests.conftest import _postgres_store
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor
 
 SHA_ZERO = "0" * 64
 

@@ -16,10 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jsonschema import Draft7Validator
-
-from apg_farm.contract.usage import read_usage
-from fixtures.simbed import (
+from apg_farm.fixtures.simbed import (
     DATASET_REL,
     DEFAULT_MODELS,
     DEFAULT_TASKS,
@@ -34,7 +31,10 @@ from fixtures.simbed import (
     write_config,
     write_faults,
 )
-from fixtures.simbed.hooks import parse_hooks
+from apg_farm.fixtures.simbed.hooks import parse_hooks
+from jsonschema import Draft7Validator
+
+from apg_farm.contract.usage import read_usage
 
 SCHEMA_PATH = (
     Path(__file__).resolve().parents[1]

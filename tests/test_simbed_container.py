@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from fixtures.simbed import (
+from apg_farm.fixtures.simbed import (
     DEFAULT_MODELS,
     DEFAULT_WEB_COMMANDS,
     GRADER_CLASS_REL,
@@ -35,7 +34,8 @@ from fixtures.simbed import (
     write_config,
     write_faults,
 )
-from fixtures.simbed.hooks import load_web_environment, parse_string_list
+from apg_farm.fixtures.simbed.hooks import load_web_environment, parse_string_list
+
 from tests.test_simbed import FAST, Result, SimBed, farm_env, run_id_from
 
 IN_CI = bool(os.environ.get("CI"))

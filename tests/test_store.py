@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from apg_farm.scheduler import submit
 from sqlalchemy.exc import IntegrityError
 
 from apg_farm.errors import BadInput, StoreError
@@ -24,7 +25,6 @@ from apg_farm.store import (
     renew_lease,
     requeue_expired,
 )
-from scheduler import submit
 
 
 def _bed(store: Store, name: str, pool: str = "canvas_home,kb_docs") -> int:

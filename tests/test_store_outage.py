@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from apg_farm.scheduler import publish_attempts, submit
 from sqlalchemy import func, select
 
 from apg_farm.store import Attempt, Execution, Store, is_transient, normalize_url
-from scheduler import publish_attempts, submit
 from tests.celery_farm import assert_counted_once_and_no_overlap, celery_app, celery_env, wait_done
 from tests.pg_server import PostgresServer
 from tests.services import RedisServer, Workers, free_port

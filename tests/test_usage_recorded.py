@@ -7,13 +7,13 @@ import io
 from pathlib import Path
 
 import pytest
+from apg_farm.scheduler import submit
+from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import func, select
 
 from apg_farm.results import analyse, find_sweep, report_csv
 from apg_farm.store import Attempt, Execution, Store
-from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers import EmbeddedExecutor
 
 
 def test_cost_and_tokens_are_kept_per_execution(store: Store, tmp_path: Path) -> None:

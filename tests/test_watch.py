@@ -7,14 +7,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from apg_farm.scheduler import submit
+from apg_farm.workers import AttemptEngine
 from rich.console import Console
 from sqlalchemy import update
 
 from apg_farm.results import render_watch, watch_snapshot
 from apg_farm.store import Bed, BedState, Execution, Phase, Store, claim_next, utcnow
-from scheduler import submit
 from tests.simbeds import make_beds, spec
-from workers import AttemptEngine
 
 
 def test_snapshot_and_render_mid_sweep(store: Store, tmp_path: Path) -> None:

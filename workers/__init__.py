@@ -7,9 +7,9 @@ worker per bed. Imports scheduler (queue names, re-sending a retry), beds, store
 
 from __future__ import annotations
 
-from workers.celery_app import WORKER_BED, make_app, resume_consumer
-from workers.embedded import EmbeddedExecutor, ExecutorResult
-from workers.engine import AttemptEngine, AttemptReport
+from apg_farm.workers.celery_app import WORKER_BED, make_app, resume_consumer
+from apg_farm.workers.embedded import EmbeddedExecutor, ExecutorResult
+from apg_farm.workers.engine import AttemptEngine, AttemptReport
 
 __all__ = [
     "WORKER_BED",

@@ -59,7 +59,7 @@ def make_app(settings: Settings | None = None) -> Celery:
             field="APG_FARM_BROKER_URL",
             fix="set it to redis://host:6379/0, or use `apg-farm run` for the embedded mode",
         )
-    app = Celery("apg_farm", include=["workers.tasks"])
+    app = Celery("apg_farm", include=["apg_farm.workers.tasks"])
     configure(app, settings)
     return app
 
@@ -73,7 +73,7 @@ def _module_app() -> Celery:
         settings = None  # the command that needs them reports the bad setting, not this import
     if settings and settings.broker_url:
         return make_app(settings)
-    return Celery("apg_farm", include=["workers.tasks"])
+    return Celery("apg_farm", include=["apg_farm.workers.tasks"])
 
 
 app = _module_app()

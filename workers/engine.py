@@ -13,6 +13,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
+from apg_farm.workers.agent_stop import (
+    PS_ARGV,
+    ROUNDS,
+    Listing,
+    kill_argv,
+    leftovers,
+    listing_from_meta,
+    listing_to_meta,
+    needs_second_look,
+    read_ps,
+    recorded_survivors,
+    same_container,
+    stop_listing,
+)
 from sqlalchemy import select
 
 from apg_farm import contract
@@ -93,20 +107,6 @@ from apg_farm.transports import (
     stopped_count,
     stray_argv,
     transport_for,
-)
-from workers.agent_stop import (
-    PS_ARGV,
-    ROUNDS,
-    Listing,
-    kill_argv,
-    leftovers,
-    listing_from_meta,
-    listing_to_meta,
-    needs_second_look,
-    read_ps,
-    recorded_survivors,
-    same_container,
-    stop_listing,
 )
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.

@@ -115,7 +115,7 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
     from rich.live import Live
 
     from apg_farm.results import find_sweep, render_watch, watch_snapshot
-    from scheduler import sweep_status
+    from apg_farm.scheduler import sweep_status
 
     store = open_store()
     sweep_id = find_sweep(store, sweep_ref).id

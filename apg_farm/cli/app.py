@@ -17,8 +17,8 @@ from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
 
 if TYPE_CHECKING:
+    from apg_farm.scheduler import Submission
     from apg_farm.store import Store
-    from scheduler import Submission
 
 app = typer.Typer(
     name="apg-farm",
@@ -256,9 +256,9 @@ def bed_doctor_cmd(
 @bed_app.command("release")
 def bed_release(name: str) -> None:
     """Return a quarantined bed to its pool once a human has looked at it."""
+    from apg_farm.scheduler import pool_queue
     from apg_farm.store import release_bed
-    from scheduler import pool_queue
-    from workers import resume_consumer
+    from apg_farm.workers import resume_consumer
 
     row = release_bed(open_store(), name)
     out.print(f"bed {row.name} is active again")
@@ -283,8 +283,8 @@ def sweep_submit(
     """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds.
 
     --dry-run stores and sends nothing: it estimates cost and time from earlier executions."""
+    from apg_farm.scheduler import estimate_sweep
     from apg_farm.specs import load_sweep
-    from scheduler import estimate_sweep
 
     if dry_run and wait:
         raise BadInput(
@@ -330,8 +330,8 @@ def sweep_retry(
 ) -> None:
     """Run again the attempts that ended ERROR or INVALID, as new executions (history is kept)."""
     from apg_farm.results import find_sweep
+    from apg_farm.scheduler import parse_retry_outcomes
     from apg_farm.store import retry_attempts
-    from scheduler import parse_retry_outcomes
 
     outcomes = parse_retry_outcomes(only)
     store = open_store()
@@ -430,8 +430,8 @@ def sweep_resume(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]
 
 def _submit_file(store: Store, file: Path) -> Submission:
     """Load, check against the broker's limits when there is one, submit, and say what happened."""
+    from apg_farm.scheduler import submit
     from apg_farm.specs import load_sweep
-    from scheduler import submit
 
     spec = load_sweep(file)
     if distributed.broker_configured():

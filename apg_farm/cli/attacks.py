@@ -21,14 +21,14 @@ from apg_farm.cli.common import err, out
 from apg_farm.cli.demo import simulated_bed
 from apg_farm.contract import Outcome
 from apg_farm.store import BedState
-from fixtures import simbed
 
 if TYPE_CHECKING:
     from apg_farm.specs import SweepSpec
     from apg_farm.store import Bed, Store
 
-#: The attacked model fails every task when honest, so any PASSED is the attack's doing.
-MODEL = simbed.DEFAULT_MODELS[0]
+#: The attacked model (the simulated bed's first; tests/test_packaging.py checks it) fails every
+#: task when honest, so any PASSED is the attack's doing.
+MODEL = "anthropic/claude-sonnet-5-5"
 TASK = "dv01_view_build"
 #: Sleeps of the simulated bed divided by this: an agent's 5-minute run takes 0.15 s.
 TIME_SCALE = 2000
@@ -309,6 +309,9 @@ def _fresh_bed(
     config.update(attack.config or {})
     if web_commands is not None:
         config["web_commands"] = web_commands
+    # The simulated bed is imported here only: the catalogue itself is data.
+    from apg_farm.fixtures import simbed
+
     if image is not None:
         simbed.stop_container(root / "beds" / name)
     row = simulated_bed(
@@ -346,9 +349,9 @@ def run_attack(
     """Play one attack on a fresh bed and read back what the farm recorded."""
     from sqlalchemy import select
 
+    from apg_farm.scheduler import submit
     from apg_farm.store import Attempt, Bed, BedEvent, Execution, cancel_sweep
-    from scheduler import submit
-    from workers import EmbeddedExecutor
+    from apg_farm.workers import EmbeddedExecutor
 
     bed = _fresh_bed(store, root, attack, image=image, web_commands=web_commands)
     sweep_id = submit(store, _spec(attack)).sweep_id

@@ -44,7 +44,7 @@ def prepare_demo_beds(
     store: Store, root: Path, *, beds: int, time_scale: float, faults: bool
 ) -> list[str]:
     """Fresh simulated beds: created, provisioned, escrowed outside the project, enrolled."""
-    from fixtures import simbed
+    from apg_farm.fixtures import simbed
 
     shutil.rmtree(root / "beds", ignore_errors=True)
     shutil.rmtree(root / "escrow", ignore_errors=True)
@@ -84,7 +84,7 @@ def simulated_bed(
         run_provision,
         validate_new_bed,
     )
-    from fixtures import simbed
+    from apg_farm.fixtures import simbed
 
     approot = root / "beds" / name
     simbed.create_bed(approot, project=name, config=config)
@@ -138,8 +138,8 @@ def _upsert_bed(store: Store, fresh: Bed) -> None:
 
 def demo_spec(*, trials: int, name: str | None = None, tasks: int = 3) -> SweepSpec:
     """2 models × 3 tasks × trials on the simulated dataset."""
+    from apg_farm.fixtures import simbed
     from apg_farm.specs import SweepSpec, Timeouts
-    from fixtures import simbed
 
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
     return SweepSpec(
@@ -158,8 +158,8 @@ def demo_spec(*, trials: int, name: str | None = None, tasks: int = 3) -> SweepS
 def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults: bool) -> bool:
     """Set up beds, submit the demo sweep, run it embedded, print the table."""
     from apg_farm.results import analyse, find_sweep
+    from apg_farm.scheduler import submit
     from apg_farm.settings import load_settings
-    from scheduler import submit
 
     root = load_settings().home / "demo"
     err.print(f"preparing {beds} simulated beds in {root} ...")

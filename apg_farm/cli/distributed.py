@@ -16,10 +16,10 @@ from apg_farm.cli.progress import done_count
 from apg_farm.errors import BadInput, FarmError, NotFound
 
 if TYPE_CHECKING:
+    from apg_farm.scheduler import WorkerSeen
     from apg_farm.settings import Settings
     from apg_farm.specs import SweepSpec
     from apg_farm.store import Bed, Store
-    from scheduler import WorkerSeen
 
 
 def require_broker() -> tuple[Settings, str]:
@@ -42,8 +42,8 @@ def broker_configured() -> bool:
 
 def check_limits(spec: SweepSpec) -> None:
     """Refuse a sweep whose attempts could outlive the broker's visibility timeout."""
+    from apg_farm.scheduler import attempt_time_limits
     from apg_farm.settings import load_settings
-    from scheduler import attempt_time_limits
 
     settings = load_settings()
     _, hard = attempt_time_limits(spec)
@@ -62,8 +62,8 @@ def dispatch(store: Store) -> str:
     from kombu.exceptions import KombuError
     from redis.exceptions import RedisError
 
-    from scheduler import reconcile
-    from workers import make_app
+    from apg_farm.scheduler import reconcile
+    from apg_farm.workers import make_app
 
     settings, broker_url = require_broker()
     try:
@@ -102,8 +102,8 @@ def no_live_worker(store: Store, pool: str) -> str | None:
     """Why nothing will run the pool's attempts (no worker beating on an active bed), or None."""
     from sqlalchemy import select
 
+    from apg_farm.scheduler import LIVE_WITHIN, live_workers, worker_beats
     from apg_farm.store import Bed, BedState
-    from scheduler import LIVE_WITHIN, live_workers, worker_beats
 
     if live_workers(store, pool):
         return None
@@ -138,10 +138,10 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from apg_farm.scheduler import reconcile
     from apg_farm.settings import load_settings
     from apg_farm.store import stopped_by_budget
-    from scheduler import reconcile
-    from workers import make_app
+    from apg_farm.workers import make_app
 
     settings, broker_url = require_broker()
     grace = load_settings().no_worker_grace
@@ -207,7 +207,7 @@ def sweep_without_worker(store: Store, sweep_id: int) -> str | None:
 
 def bed_workers(store: Store) -> dict[str, WorkerSeen]:
     """Each bed's newest worker heartbeat, by bed name."""
-    from scheduler import worker_beats
+    from apg_farm.scheduler import worker_beats
 
     newest: dict[str, WorkerSeen] = {}
     for beat in worker_beats(store):
@@ -249,14 +249,14 @@ def maintenance_via_worker(
 
     The message expires when this stops waiting: a worker that comes back later never runs it.
     """
-    from scheduler import MAINTENANCE_EXPIRY
+    from apg_farm.scheduler import MAINTENANCE_EXPIRY
 
     timeout = MAINTENANCE_EXPIRY if timeout is None else timeout
     from sqlalchemy import select
 
+    from apg_farm.scheduler import BED_MAINTENANCE, bed_queue, maintenance_time_limits, store_now
     from apg_farm.store import BedEvent, utcnow
-    from scheduler import BED_MAINTENANCE, bed_queue, maintenance_time_limits, store_now
-    from workers import make_app
+    from apg_farm.workers import make_app
 
     settings, _ = require_broker()
     since = utcnow()
@@ -330,9 +330,9 @@ def worker_cmd(
     """Start the Celery worker pinned to one bed: its pool's attempts and its own maintenance queue.
 
     A bed not enrolled yet is waited for (the worker says so once and looks every few seconds)."""
+    from apg_farm.scheduler import bed_queue, pool_queue
     from apg_farm.store import Bed, BedEvent, BedState, Store
-    from scheduler import bed_queue, pool_queue
-    from workers import WORKER_BED, make_app
+    from apg_farm.workers import WORKER_BED, make_app
 
     settings, _ = require_broker()
     store = Store(settings.resolved_database_url(), upgrade=False)
@@ -382,8 +382,8 @@ def scheduler_cmd(
     interval: Annotated[float | None, typer.Option(help="Seconds between passes.")] = None,
 ) -> None:
     """Reconcile the broker with the store in a loop: expired leases, lost or missing messages."""
-    from scheduler import reconcile
-    from workers import make_app
+    from apg_farm.scheduler import reconcile
+    from apg_farm.workers import make_app
 
     settings, broker_url = require_broker()
     store = open_store()

@@ -9,14 +9,14 @@ from apg_farm.cli.progress import done_count
 
 if TYPE_CHECKING:
     from apg_farm.store import Bed, Store
-    from workers import AttemptReport
+    from apg_farm.workers import AttemptReport
 
 
 def execute_sweep(store: Store, sweep_id: int) -> bool:
     """Run every remaining attempt on the pool's beds; False when some could not be run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from workers import EmbeddedExecutor
+    from apg_farm.workers import EmbeddedExecutor
 
     done, total = done_count(store, sweep_id)
     with Progress(

@@ -7,8 +7,8 @@ from __future__ import annotations
 from apg_farm.beds import get_bed
 from apg_farm.errors import BadInput
 from apg_farm.results import find_sweep
+from apg_farm.scheduler import parse_retry_outcomes, pool_queue
 from apg_farm.store import BedState, Store, SweepState, cancel_sweep, release_bed, retry_attempts
-from scheduler import parse_retry_outcomes, pool_queue
 
 
 def cancel(store: Store, sweep_id: int) -> int:
@@ -35,6 +35,6 @@ def release(store: Store, name: str) -> None:
         raise BadInput(f"bed {bed.name} is {bed.state}, not quarantined", fix="nothing to release")
     row = release_bed(store, name, note="released from the dashboard")
     # Celery is imported only here.
-    from workers import resume_consumer
+    from apg_farm.workers import resume_consumer
 
     resume_consumer(pool_queue(row.pool), (row.meta or {}).get("worker"))
