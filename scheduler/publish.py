@@ -8,11 +8,11 @@ from functools import partial
 from itertools import islice
 from typing import Any, Protocol
 
-from apg_farm.scheduler.queues import RUN_ATTEMPT, attempt_time_limits, pool_queue, task_id
-from sqlalchemy import Row, select, update
+from sqlalchemy import select
 
+from apg_farm.scheduler.queues import RUN_ATTEMPT, attempt_time_limits, pool_queue, task_id
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState
+from apg_farm.store import Store, Sweep, count_dispatches
 
 #: Attempt ids per statement: far below PostgreSQL's 65,535 bind parameters and SQLite's 32,766,
 #: and a bounded batch in memory however many attempts are dispatched.
@@ -64,25 +64,10 @@ def publish_attempts(store: Store, app: Sender, attempt_ids: Iterable[int]) -> i
     return sent
 
 
-def _count_dispatch(store: Store, ids: list[int]) -> list[Row[Any]]:
+def _count_dispatch(store: Store, ids: list[int]) -> list[Any]:
     """Count one more dispatch of each still-queued attempt in `ids`; their rows, committed."""
-    open_sweeps = select(Sweep.id).where(Sweep.state == SweepState.OPEN)
     with store.session() as session:
-        return list(
-            session.execute(
-                update(Attempt)
-                .where(
-                    Attempt.id.in_(ids),
-                    Attempt.state == AttemptState.QUEUED,
-                    Attempt.sweep_id.in_(open_sweeps),
-                )
-                .values(dispatches=Attempt.dispatches + 1, enqueued_at=store.now())
-                .returning(
-                    Attempt.id, Attempt.dispatches, Attempt.pool, Attempt.sweep_id, Attempt.seq
-                )
-                .execution_options(synchronize_session=False)
-            )
-        )
+        return count_dispatches(store, session, ids)
 
 
 def _load_specs(store: Store, specs: dict[int, SweepSpec], sweep_ids: set[int]) -> None:

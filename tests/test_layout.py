@@ -187,3 +187,98 @@ def test_the_architecture_page_names_every_module() -> None:
             if str(relative) not in page:
                 missing.append(str(relative))
     assert missing == []
+
+
+#: The modules that may change attempt, execution and bed-state rows (docs/architecture.md,
+#: "The lifecycle"); migrations move data too.
+LIFECYCLE = {
+    "apg_farm/store/lifecycle.py",
+    "apg_farm/store/claims.py",
+    "apg_farm/store/rules.py",
+    "apg_farm/store/models.py",
+}
+#: Tables whose rows only the lifecycle changes.
+LIFECYCLE_TABLES = {"Attempt", "Execution", "Bed"}
+#: Columns of those rows that carry the lifecycle (an assignment to one outside is an offence).
+LIFECYCLE_COLUMNS = {
+    "state",
+    "state_reason",
+    "outcome",
+    "result",
+    "lease_expires_at",
+    "bed_id",
+    "consecutive_errors",
+    "infra_failures",
+    "excluded_beds",
+    "not_before",
+    "provider_failures",
+    "deliveries",
+    "dispatches",
+    "enqueued_at",
+    "agent_started",
+}
+
+
+def lifecycle_writes(tops: tuple[str, ...] = ("apg_farm", "workers", "scheduler")) -> list[str]:
+    """Code outside the lifecycle that writes its rows: `update(`, `insert(` or `delete(` on
+    Attempt, Execution or Bed, or an assignment to one of their lifecycle columns (on anything
+    but `self`), each named with where it is."""
+    offenders = []
+    for top in tops:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative in LIFECYCLE or "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id in ("update", "insert", "delete")
+                    and node.args
+                    and isinstance(node.args[0], ast.Name)
+                    and node.args[0].id in LIFECYCLE_TABLES
+                ):
+                    offenders.append(f"{relative}:{node.lineno}: {node.func.id}({node.args[0].id})")
+                targets: list[ast.expr] = []
+                if isinstance(node, ast.Assign):
+                    targets = [
+                        t
+                        for target in node.targets
+                        for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+                    ]
+                elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                    targets = [node.target]
+                for target in targets:
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and target.attr in LIFECYCLE_COLUMNS
+                        and not (isinstance(target.value, ast.Name) and target.value.id == "self")
+                    ):
+                        offenders.append(f"{relative}:{node.lineno}: sets .{target.attr}")
+    return offenders
+
+
+def test_only_the_lifecycle_changes_attempts_executions_and_bed_states() -> None:
+    """Every state change goes through apg_farm/store/lifecycle.py (with claims.py and rules.py):
+    its preconditions and lock order hold whoever asks."""
+    assert lifecycle_writes() == []
+
+
+def test_the_lifecycle_check_names_an_offender(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    (tmp_path / "apg_farm/beds").mkdir(parents=True)
+    (tmp_path / "apg_farm/beds/inventory.py").write_text(
+        "def drop(session, bed, attempt):\n"
+        "    bed.state = 'removed'\n"
+        "    attempt.outcome, attempt.reason = 'ERROR', 'x'\n"
+        "    session.execute(update(Execution).values(result='LOST'))\n"
+    )
+    (tmp_path / "apg_farm/store").mkdir(parents=True)
+    (tmp_path / "apg_farm/store/lifecycle.py").write_text("def f(bed):\n    bed.state = 'ok'\n")
+    assert lifecycle_writes(("apg_farm",)) == [
+        "apg_farm/beds/inventory.py:2: sets .state",
+        "apg_farm/beds/inventory.py:3: sets .outcome",
+        "apg_farm/beds/inventory.py:4: update(Execution)",
+    ]

@@ -31,7 +31,16 @@ from apg_farm.contract import bed_environment
 from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, FarmError, NotFound
 from apg_farm.specs import SafeList, _name, describe_validation_error
-from apg_farm.store import Bed, BedEvent, BedState, Store, holds_attempt
+from apg_farm.store import (
+    Bed,
+    BedEvent,
+    BedState,
+    Store,
+    holds_attempt,
+    reactivate,
+    remove_bed,
+    start_draining,
+)
 from apg_farm.transports import SshTransport, parse_ssh_address
 
 #: Bed columns an inventory sets; a difference in any of them is an update.
@@ -354,9 +363,7 @@ def _update(
             BedEvent(bed_id=current.id, kind="updated", detail=f"{source}: {', '.join(changed)}")
         )
     if back:
-        current.state = BedState.ACTIVE
-        current.state_reason = None
-        session.add(BedEvent(bed_id=current.id, kind="reactivated", detail=f"back in {source}"))
+        reactivate(session, current, kind="reactivated", detail=f"back in {source}")
 
 
 def _leave(
@@ -368,13 +375,9 @@ def _leave(
             result.changes.append(
                 Change("drain", current.name, "holds an attempt; removed when it ends")
             )
-        if not dry_run and current.state != BedState.DRAINING:
-            current.state = BedState.DRAINING
-            current.state_reason = f"not in {source}: finishing its attempt"
-            session.add(BedEvent(bed_id=current.id, kind="draining", detail=current.state_reason))
+        if not dry_run:
+            start_draining(session, current, f"not in {source}: finishing its attempt")
         return
     result.changes.append(Change("remove", current.name, f"was {current.state}"))
     if not dry_run:
-        current.state = BedState.REMOVED
-        current.state_reason = f"not in {source}"
-        session.add(BedEvent(bed_id=current.id, kind="removed", detail=current.state_reason))
+        remove_bed(session, current, f"not in {source}")

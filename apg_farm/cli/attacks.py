@@ -295,7 +295,7 @@ def _fresh_bed(
     bed whose `web_commands` run in its web container."""
     from sqlalchemy import select
 
-    from apg_farm.store import Bed, BedEvent
+    from apg_farm.store import Bed, BedEvent, remove_bed
 
     name = f"attack-{attack.key}".replace("_", "-")
     shutil.rmtree(root / "beds" / name, ignore_errors=True)
@@ -328,8 +328,7 @@ def _fresh_bed(
         if old is not None:
             # The bed's history stays with the old sweeps; the name moves to the fresh bed.
             old.name = f"{name}-{old.id}"
-            old.state = BedState.REMOVED
-            old.state_reason = "attack demo bed replaced"
+            remove_bed(session, old, "attack demo bed replaced")
         session.flush()
         session.add(row)
         session.flush()
@@ -350,7 +349,7 @@ def run_attack(
     from sqlalchemy import select
 
     from apg_farm.scheduler import submit
-    from apg_farm.store import Attempt, Bed, BedEvent, Execution, cancel_sweep
+    from apg_farm.store import Attempt, Bed, Execution, cancel_sweep, remove_bed
     from apg_farm.workers import EmbeddedExecutor
 
     bed = _fresh_bed(store, root, attack, image=image, web_commands=web_commands)
@@ -370,8 +369,7 @@ def run_attack(
             attack, attempt.outcome, [r or "" for r in results], row.state, row.state_reason
         )
         # The attack beds share one pool: this one leaves it, so the next attack meets its own.
-        row.state = BedState.REMOVED
-        session.add(BedEvent(bed_id=row.id, kind="removed", detail="attack demo done"))
+        remove_bed(session, row, "attack demo done")
     if recorded.outcome is None:
         # A bed quarantined before the attempt finished leaves it queued, and no other bed may
         # take it (the pool is the bed's own): the demo closes the sweep.

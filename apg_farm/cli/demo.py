@@ -108,7 +108,7 @@ def simulated_bed(
 def _upsert_bed(store: Store, fresh: Bed) -> None:
     from sqlalchemy import select
 
-    from apg_farm.store import Bed, BedEvent, BedState
+    from apg_farm.store import Bed, BedEvent, reactivate
 
     with store.session() as session:
         row = session.scalar(select(Bed).where(Bed.name == fresh.name))
@@ -130,10 +130,7 @@ def _upsert_bed(store: Store, fresh: Bed) -> None:
             "env",
         ):
             setattr(row, column, getattr(fresh, column))
-        row.state = BedState.ACTIVE
-        row.state_reason = None
-        row.consecutive_errors = 0
-        session.add(BedEvent(bed_id=row.id, kind="reset", detail="demo bed recreated"))
+        reactivate(session, row, kind="reset", detail="demo bed recreated")
 
 
 def demo_spec(*, trials: int, name: str | None = None, tasks: int = 3) -> SweepSpec:

@@ -317,6 +317,50 @@ def release_bed(store: Store, name: str, *, note: str = "released by operator") 
         return row
 
 
+# In the caller's transaction (the inventory's apply, the demos), the caller holding the bed row.
+
+
+def reactivate(session: Session, bed: Bed, *, kind: str, detail: str) -> None:
+    """A bed back in its pool (in the inventory again, a demo bed recreated), its failures in a
+    row forgotten; `kind` and `detail` are the bed event's."""
+    bed.state, bed.state_reason, bed.consecutive_errors = BedState.ACTIVE, None, 0
+    session.add(BedEvent(bed_id=bed.id, kind=kind, detail=detail))
+
+
+def start_draining(session: Session, bed: Bed, reason: str) -> None:
+    """A bed that still holds an attempt leaves its pool when the attempt ends
+    (rules.finish_draining, as the verdict is recorded); it takes nothing meanwhile."""
+    if bed.state == BedState.DRAINING:
+        return
+    bed.state, bed.state_reason = BedState.DRAINING, reason
+    session.add(BedEvent(bed_id=bed.id, kind="draining", detail=reason))
+
+
+def remove_bed(session: Session, bed: Bed, reason: str, *, detail: str | None = None) -> None:
+    """A bed out of the farm for good; its history stays with its sweeps."""
+    bed.state, bed.state_reason = BedState.REMOVED, reason
+    session.add(BedEvent(bed_id=bed.id, kind="removed", detail=detail or reason))
+
+
+def count_dispatches(store: Store, session: Session, ids: Collection[int]) -> list[Any]:
+    """One more dispatch of each still-queued attempt of an open sweep in `ids`, counted in SQL
+    (concurrent dispatchers never lose a count); their (id, dispatches, pool, sweep_id, seq)."""
+    open_sweeps = select(Sweep.id).where(Sweep.state == SweepState.OPEN)
+    return list(
+        session.execute(
+            update(Attempt)
+            .where(
+                Attempt.id.in_(ids),
+                Attempt.state == AttemptState.QUEUED,
+                Attempt.sweep_id.in_(open_sweeps),
+            )
+            .values(dispatches=Attempt.dispatches + 1, enqueued_at=store.now())
+            .returning(Attempt.id, Attempt.dispatches, Attempt.pool, Attempt.sweep_id, Attempt.seq)
+            .execution_options(synchronize_session=False)
+        )
+    )
+
+
 def _bed_named(session: Session, store: Store, name: str) -> Bed:
     query = select(Bed).where(Bed.name == name)
     row = session.scalar(query if store.is_sqlite else query.with_for_update())
