@@ -13,20 +13,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from apg_farm.workers.agent_stop import (
-    PS_ARGV,
-    ROUNDS,
-    Listing,
-    kill_argv,
-    leftovers,
-    listing_from_meta,
-    listing_to_meta,
-    needs_second_look,
-    read_ps,
-    recorded_survivors,
-    same_container,
-    stop_listing,
-)
 from sqlalchemy import select
 
 from apg_farm import contract
@@ -88,7 +74,6 @@ from apg_farm.store import (
     Evidence,
     Refusal,
     Store,
-    Sweep,
     SweepState,
     believe_outage,
     claim,
@@ -107,6 +92,20 @@ from apg_farm.transports import (
     stopped_count,
     stray_argv,
     transport_for,
+)
+from apg_farm.workers.agent_stop import (
+    PS_ARGV,
+    ROUNDS,
+    Listing,
+    kill_argv,
+    leftovers,
+    listing_from_meta,
+    listing_to_meta,
+    needs_second_look,
+    read_ps,
+    recorded_survivors,
+    same_container,
+    stop_listing,
 )
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
@@ -369,6 +368,8 @@ class _Attempt:
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
+        #: The sweep's state as the last phase record read it (open when claimed).
+        self._sweep_state: str | None = SweepState.OPEN
 
     def execute(self) -> Verdict:
         spec, bed = self.claim.spec, self.bed
@@ -945,24 +946,31 @@ class _Attempt:
         )
         output = contract.read_output(result)
         self.bed_seconds += result.duration
-        store = self.engine.store
-        store.retrying(
-            lambda: record_phase(store, self.claim.execution_id, name, result, output, started)
-        )
+        store, tries = self.engine.store, [0]
+
+        def record() -> str | None:
+            # A retry may follow a commit that went through: only then look for the row first.
+            tries[0] += 1
+            return record_phase(
+                store,
+                self.claim.execution_id,
+                name,
+                result,
+                output,
+                started,
+                sweep_id=self.claim.sweep_id,
+                repeat=tries[0] > 1,
+            )
+
+        # The phase's record and the next boundary's cancel check in one transaction.
+        self._sweep_state = store.retrying(record)
         return output, result
 
     def _check_boundary(self) -> None:
         if self.lease is not None and self.lease.lost:
             raise _LeaseLost
-        if self._sweep_state() == SweepState.CANCELLED:
+        if self._sweep_state == SweepState.CANCELLED:
             raise _Cancelled
-
-    def _sweep_state(self) -> str | None:
-        def read() -> str | None:
-            with self.engine.store.read() as session:
-                return session.scalar(select(Sweep.state).where(Sweep.id == self.claim.sweep_id))
-
-        return self.engine.store.retrying(read)
 
     def evidence(self) -> Evidence:
         """What this execution learned, for the lifecycle to record with its verdict."""

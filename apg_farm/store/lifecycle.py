@@ -249,18 +249,23 @@ def record_phase(
     result: CommandResult,
     output: PhaseOutput,
     started: datetime,
-) -> None:
-    """One bed command's record; a repeat of the same phase start (a retried commit) is a no-op."""
+    *,
+    sweep_id: int,
+    repeat: bool = False,
+) -> str | None:
+    """One bed command's record, and the sweep's state read in the same transaction (the next
+    phase boundary's cancel check). `repeat`: a retry after a commit that may have gone through,
+    so a record of the same phase start already there is not written twice."""
     with store.session() as session:
-        already = session.scalar(
+        state = session.scalar(select(Sweep.state).where(Sweep.id == sweep_id))
+        if repeat and session.scalar(
             select(Phase.id).where(
                 Phase.execution_id == execution_id,
                 Phase.name == name,
                 Phase.started_at == started,
             )
-        )
-        if already is not None:
-            return
+        ):
+            return state
         session.add(
             Phase(
                 execution_id=execution_id,
@@ -282,6 +287,7 @@ def record_phase(
                 stderr_truncated=result.stderr.truncated,
             )
         )
+        return state
 
 
 # --- what operators do ---------------------------------------------------------------------------
