@@ -17,6 +17,7 @@ from fixtures import simbed
 from scheduler import submit
 from tests.simbeds import make_beds, spec
 from workers import AttemptEngine
+from workers.engine import _Attempt
 
 
 def test_a_claim_lost_mid_attempt_is_counted_once(store: Store, tmp_path: Path) -> None:
@@ -136,3 +137,35 @@ def test_database_connections_killed_mid_attempt_are_survived(
     # 11 phases each: escrow and DDEV checks, verify, reset, baseline diff, run, two DDEV checks,
     # verify, diff, grade.
     assert len(phases) == 22 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 22
+
+
+def test_a_baseline_file_edited_during_the_run_is_tampered_and_left_as_evidence(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent rewrites a baseline file the escrow set keeps a copy of: the verify after the
+    run, never with --restore, finds it (TAMPERED, not graded) and leaves it as the agent left
+    it for a human to read; only the next attempt's verify --restore repairs it."""
+    [bed] = make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    [baseline] = sorted((Path(bed.approot) / ".ai-proving-ground").glob("baseline.*.json"))
+    planted = b'{"planted": "by the agent"}\n'
+    run_agent = _Attempt._run_agent
+
+    def agent_edits_baseline(attempt: _Attempt) -> object:
+        verdict = run_agent(attempt)
+        # What an agent (or a process it left) writes while its run goes on.
+        baseline.write_bytes(planted)
+        return verdict
+
+    monkeypatch.setattr(_Attempt, "_run_agent", agent_edits_baseline)
+    report = AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome == Outcome.TAMPERED
+    with store.session() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        phases = {p.name: p for p in session.scalars(select(Phase))}
+    assert "APG_ESCROW_MISMATCH" in (attempt.reason or "")
+    assert "grade" not in phases
+    before, after = phases["verify_before"].argv, phases["verify_after"].argv
+    assert before[-1] == "--restore" and before[:-1] == after
+    assert "--restore" not in after
+    assert baseline.read_bytes() == planted
