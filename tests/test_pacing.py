@@ -147,6 +147,58 @@ def test_the_farm_total_budget_stops_every_sweep_and_a_raise_resumes(
     assert _states(store, sweep_id) == {AttemptState.DONE: 4}
 
 
+def test_spend_exactly_at_a_budget_stops_the_claim(store: Store) -> None:
+    """A budget is spent when spend reaches it, not only past it: at exactly the sweep's, the
+    farm's total or today's figure no attempt is claimed; a cent more of budget lets one through."""
+    from apg_farm.store import add_spend, claim_next
+
+    sweep_id = submit(
+        store,
+        parse_sweep({"name": "b", "tasks": ["a"], "models": ["m"], "trials": 3, "budget_usd": 2.5}),
+    ).sweep_id
+    with store.session() as session:
+        bed = Bed(
+            name="b1",
+            approot="/tmp/x",
+            ddev="ddev",
+            fixtures=["canvas_home", "kb_docs"],
+            pool="canvas_home,kb_docs",
+            env={},
+            escrow_set="/srv/escrow/x",
+            escrow_files={"escrow-verify.sh": "0" * 64},
+            ddev_files={},
+        )
+        session.add(bed)
+        session.flush()
+        bed_id = bed.id
+        add_spend(store, session, sweep_id, 2.5)
+
+    def claim_one() -> bool:
+        claim = claim_next(store, bed_id, lease_seconds=60, worker="t")
+        if claim is None:
+            return False
+        with store.session() as session:
+            row = session.get_one(Attempt, claim.attempt_id)
+            row.state, row.outcome, row.bed_id, row.lease_expires_at = (
+                AttemptState.DONE,
+                "PASSED",
+                None,
+                None,
+            )
+        return True
+
+    assert not claim_one()  # the sweep spent 2.50 of 2.50
+    set_sweep_budget(store, sweep_id, 2.51)
+    assert claim_one()
+    set_sweep_budget(store, sweep_id, None)
+    for scope in ("total", "daily"):
+        set_budget(store, scope, 2.5)  # the farm spent 2.50 in all and today
+        assert not claim_one(), scope
+        set_budget(store, scope, 2.51)
+        assert claim_one(), scope
+        set_budget(store, scope, None)
+
+
 # --- max_concurrent ----------------------------------------------------------------------------
 
 
