@@ -135,3 +135,22 @@ def test_seal_refuses_unfinished_and_resealing(
         seal(store, finished.id, directory=tmp_path)
     again = seal(store, finished.id, directory=tmp_path, replace=True)
     assert again.artifacts > 0 and verify_seal(store, _sweep(store, "sealme")).ok
+
+
+def test_a_cancelled_sealed_sweep_is_still_sealed(
+    store: Store, finished: Sweep, tmp_path: Path
+) -> None:
+    """Sealed is sealed whatever the sweep's state: after a cancel, retry (the command's and the
+    dashboard's) and the check itself refuse it as sealed, not merely as cancelled."""
+    from apg_farm.dashboard.actions import retry
+    from apg_farm.results import refuse_if_sealed
+    from scheduler import cancel_sweep
+
+    seal(store, finished.id, directory=tmp_path)
+    cancel_sweep(store, finished.id)
+    sealed = _sweep(store, "sealme")
+    assert sealed.state == "cancelled" and sealed.sealed_at is not None
+    with pytest.raises(SealedSweep, match="sealed"):
+        refuse_if_sealed(sealed)
+    with pytest.raises(SealedSweep, match="sealed"):
+        retry(store, finished.id, ["error", "invalid"])
