@@ -6,12 +6,22 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
 
 from apg_farm.contract import ALLOWED_BASE_NAMES, ATTEMPT_VARIABLE, FORCED, Outcome
-from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, requeue_expired
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    Execution,
+    Phase,
+    Store,
+    requeue_expired,
+)
 from apg_farm.transports.strays import MARKER
 from fixtures import simbed
 from scheduler import submit
@@ -169,3 +179,75 @@ def test_a_baseline_file_edited_during_the_run_is_tampered_and_left_as_evidence(
     assert before[-1] == "--restore" and before[:-1] == after
     assert "--restore" not in after
     assert baseline.read_bytes() == planted
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["model-named", "no-dataset"])
+def test_a_grade_stamped_for_another_model_is_graded_again_live(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: bool
+) -> None:
+    """The agent rewrote its run record to name another model. With a dataset to name, the
+    farm names the attempt's model and the grade refuses the record; with none (neither the
+    sweep nor the record names one) the grade with --run stamps the decoy model, which the
+    envelope check refuses. Either way the live site is graded again, and the envelope kept
+    never names the decoy."""
+    import json
+
+    [bed] = make_beds(store, tmp_path, 1, faults={0: {"rewrite_run_json": True}} if named else None)
+    sweep = spec(tasks=1, models=1, trials=1)
+    if not named:
+        sweep = sweep.model_copy(update={"dataset": None})
+        phase_result = _Attempt._phase_result
+
+        def record_rewritten(attempt: _Attempt, name: str, *args: Any, **kwargs: Any) -> Any:
+            done = phase_result(attempt, name, *args, **kwargs)
+            if name == "run":  # before the farm reads the record
+                for path in (Path(bed.approot) / ".ai-proving-ground" / "runs").glob("*/run.json"):
+                    record = json.loads(path.read_text())
+                    record.pop("dataset", None)
+                    record["model"] = "decoy/model"
+                    path.write_text(json.dumps(record))
+            return done
+
+        monkeypatch.setattr(_Attempt, "_phase_result", record_rewritten)
+    sweep_id = submit(store, sweep).sweep_id
+    report = AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome in (Outcome.PASSED, Outcome.FAILED)
+    with store.session() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        execution = session.scalars(select(Execution)).one()
+        grades = [p.argv for p in session.scalars(select(Phase).where(Phase.name == "grade"))]
+    assert len(grades) == 2
+    assert any(a.startswith("--run=") for a in grades[0])
+    assert not any(a.startswith("--run=") for a in grades[1])
+    assert execution.envelope is not None
+    info = json.loads(execution.envelope)["model_info"]
+    assert "decoy" not in info["id"] and "decoy" not in info["name"]
+    if named:
+        assert attempt.model in (info["id"], info["name"])
+
+
+def test_a_verifier_broken_during_the_run_is_counted_against_the_agent(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trusted verifier reports the bed broken after the run (its escrow set incomplete):
+    before the run that would be the bed's failure, retried elsewhere; once the agent ran it may
+    be the agent's doing, so the attempt is TAMPERED (not graded) and the bed still quarantined."""
+    [bed] = make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    assert bed.escrow_set is not None
+    run_agent = _Attempt._run_agent
+
+    def agent_breaks_the_verifier(attempt: _Attempt) -> object:
+        verdict = run_agent(attempt)
+        (Path(bed.escrow_set or "") / "baseline.dir").unlink()
+        return verdict
+
+    monkeypatch.setattr(_Attempt, "_run_agent", agent_breaks_the_verifier)
+    report = AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome == Outcome.TAMPERED
+    with store.session() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        row = session.scalars(select(Bed)).one()
+    assert attempt.state == AttemptState.DONE and "APG_ESCROW_NONE" in (attempt.reason or "")
+    assert "counted against it" in (attempt.reason or "")
+    assert row.state == BedState.QUARANTINED

@@ -357,12 +357,14 @@ def test_example_run_mismatch() -> None:
 def test_wrong_run_apg_run_id() -> None:
     """apg_run_id naming another run is other_run even if evaluation_id ends right."""
     doc = with_run()
-    doc["source_metadata"]["additional_details"]["apg_run_id"] = "r-other"
-    err = problem(encode(doc), run_id=RUN)
-    assert (err.problem, err.field) == (
-        "other_run",
-        "source_metadata.additional_details.apg_run_id",
-    )
+    # Another run entirely, and a sibling: same day, same task, another suffix.
+    for other in ("r-other", f"{RUN[:-4]}0000"):
+        doc["source_metadata"]["additional_details"]["apg_run_id"] = other
+        err = problem(encode(doc), run_id=RUN)
+        assert (err.problem, err.field) == (
+            "other_run",
+            "source_metadata.additional_details.apg_run_id",
+        )
 
 
 def test_wrong_run_evaluation_id() -> None:

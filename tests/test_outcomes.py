@@ -140,6 +140,10 @@ def test_verify_after_is_tampered_on_any_failure() -> None:
     )
     assert files.outcome == Outcome.TAMPERED and files.quarantine is None
     assert judge_verify_after(out(None, transport_error="x")).action == "retry"
+    # A verifier that fails without saying why (no token at all) still failed.
+    for status in (1, 2, 127):
+        silent = judge_verify_after(out(status, "", argv=("/usr/bin/bash", "v")))
+        assert silent.outcome == Outcome.TAMPERED and f"exit {status}" in silent.reason
 
 
 @pytest.mark.parametrize(

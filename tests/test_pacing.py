@@ -355,6 +355,94 @@ def test_status_names_a_paused_model_and_the_daily_spend(store: Store, tmp_path:
     assert any("farm daily" in reason for reason in status["paused"])
 
 
+def test_the_back_off_starts_at_its_base_and_doubles_up_to_its_ceiling() -> None:
+    from apg_farm.store.pacing import backoff
+
+    assert [backoff(trips, 30, 1800) for trips in (0, 1, 2, 3, 6, 7, 20)] == [
+        30.0,
+        30.0,
+        60.0,
+        120.0,
+        960.0,
+        1800.0,
+        1800.0,
+    ]
+
+
+def test_the_gate_admits_up_to_the_cap_and_not_one_more(store: Store) -> None:
+    """Under the gate's lock the running attempts are counted again (the claim's first filter
+    read them before waiting for the lock, and another claimer may have taken the last slot
+    meanwhile): at the cap the model is refused, one below it admitted."""
+    from apg_farm.store.pacing import Gates
+
+    submit(
+        store,
+        parse_sweep(
+            {
+                "name": "g",
+                "tasks": ["a"],
+                "models": ["m1"],
+                "trials": 3,
+                "max_concurrent": {"m1": 1},
+            }
+        ),
+    )
+    with store.session() as session:
+        running = session.scalars(select(Attempt).order_by(Attempt.seq)).first()
+        assert running is not None
+        running.state = AttemptState.RUNNING
+    with store.session() as session:
+        gates = Gates.lock(store, session, ["m1"], capped=["m1"])
+        assert gates.admits("m1", 1) is False
+        assert gates.admits("m1", 2) is True
+        assert gates.admits("m1", None) is True
+
+
+def test_a_capped_model_at_its_cap_hides_no_other_work(store: Store) -> None:
+    """More queued attempts of a model at its max_concurrent than a claimer looks at: they are
+    left out before the claimer looks, so another model's attempt behind them is still taken."""
+    from sqlalchemy import update
+
+    from apg_farm.store import claim_next, claims
+
+    capped = parse_sweep(
+        {
+            "name": "capped",
+            "tasks": ["a"],
+            "models": ["m1"],
+            "trials": claims._CANDIDATES + 6,
+            "max_concurrent": {"m1": 1},
+        }
+    )
+    capped_id = submit(store, capped).sweep_id
+    other_id = submit(
+        store, parse_sweep({"name": "other", "tasks": ["a"], "models": ["m2"], "trials": 1})
+    ).sweep_id
+    with store.session() as session:
+        # Behind every attempt of the capped model in the queue.
+        session.execute(update(Attempt).where(Attempt.sweep_id == other_id).values(seq=10_000))
+        beds = []
+        for name in ("b1", "b2"):
+            bed = Bed(
+                name=name,
+                approot="/tmp/x",
+                ddev="ddev",
+                fixtures=["canvas_home", "kb_docs"],
+                pool="canvas_home,kb_docs",
+                env={},
+                escrow_set="/srv/escrow/x",
+                escrow_files={"escrow-verify.sh": "0" * 64},
+                ddev_files={},
+            )
+            session.add(bed)
+            session.flush()
+            beds.append(bed.id)
+    first = claim_next(store, beds[0], lease_seconds=60, worker="t")
+    assert first is not None and (first.sweep_id, first.model) == (capped_id, "m1")
+    second = claim_next(store, beds[1], lease_seconds=60, worker="t")
+    assert second is not None and (second.sweep_id, second.model) == (other_id, "m2")
+
+
 def test_a_failed_probe_doubles_the_pause_and_a_burst_counts_once(store: Store) -> None:
     from apg_farm.store import close, db_time, trip
 

@@ -203,6 +203,25 @@ def test_expired_lease_returns_to_queue_and_old_holder_cannot_renew(store: Store
     assert again.execution_number == 2
 
 
+def test_a_bed_that_lost_its_claim_cannot_renew_another_beds(store: Store) -> None:
+    """A lease that lapsed, was requeued and claimed by another bed belongs to that bed: the
+    first holder's renewal fails (it stops at its next phase), the new holder's succeeds."""
+    _sweep(store, trials=1)
+    first, second = _bed(store, "b1"), _bed(store, "b2")
+    with store.session() as session:
+        # Only the first attempt is left: the second bed must take the very one the first lost.
+        for row in session.scalars(sa.select(Attempt).order_by(Attempt.seq).offset(1)):
+            row.state, row.outcome = AttemptState.DONE, "PASSED"
+    lost = claim_next(store, first, lease_seconds=-1, worker="stalled")
+    assert lost is not None and requeue_expired(store) == 1
+    taken = claim_next(store, second, lease_seconds=60, worker="new")
+    assert taken is not None and taken.attempt_id == lost.attempt_id
+    assert not renew_lease(store, lost, lease_seconds=60)
+    assert renew_lease(store, taken, lease_seconds=60)
+    with store.session() as session:
+        assert session.get_one(Attempt, lost.attempt_id).bed_id == second
+
+
 def test_claim_prefers_other_beds_for_a_retry(store: Store) -> None:
     """An attempt a bed failed goes to another bed while one is active."""
     _sweep(store, trials=1)
