@@ -27,14 +27,13 @@ from sqlalchemy import select
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from apg_farm.cli import simulated_bed  # noqa: E402
 from apg_farm.fixtures import simbed  # noqa: E402
 from apg_farm.scheduler import publish_attempts, reconcile, submit  # noqa: E402
-from apg_farm.workers import EmbeddedExecutor, make_app  # noqa: E402
-
-from apg_farm.cli import simulated_bed  # noqa: E402
 from apg_farm.settings import Settings  # noqa: E402
 from apg_farm.specs import SweepSpec, Timeouts  # noqa: E402
 from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, normalize_url  # noqa: E402
+from apg_farm.workers import EmbeddedExecutor, make_app  # noqa: E402
 
 #: Sleeps of the simulated bed divided by this: a 36 s reset takes 36 µs.
 NEAR_ZERO = 1_000_000

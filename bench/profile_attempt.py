@@ -36,12 +36,12 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args()
 
-    from apg_farm.scheduler import submit
-    from apg_farm.workers import AttemptEngine
     from sqlalchemy import event as sa_event
 
+    from apg_farm.scheduler import submit
     from apg_farm.specs import SweepSpec
     from apg_farm.store import Store
+    from apg_farm.workers import AttemptEngine
 
     tmp = Path(tempfile.mkdtemp(prefix="apg-profile-"))
     databases = Databases(args.database_url) if args.database_url else None

@@ -430,10 +430,9 @@ class Distributed:
     startup_s: float | None = None
 
     def start(self) -> None:
-        from apg_farm.workers import make_app
-
         from apg_farm.settings import Settings
         from apg_farm.store import Store
+        from apg_farm.workers import make_app
 
         self.workdir.mkdir(parents=True)
         self.url = self.databases.create(f"b{self.beds}")
@@ -847,11 +846,10 @@ def reconcile_pass(
     sweep), against a broker: the first pass sends every queued attempt, later passes find them."""
     from apg_farm.scheduler import reconcile
     from apg_farm.scheduler import submit as submit_sweep
-    from apg_farm.workers import make_app
-
     from apg_farm.settings import Settings
     from apg_farm.specs import SweepSpec
     from apg_farm.store import Store
+    from apg_farm.workers import make_app
 
     workdir.mkdir(parents=True)
     url = databases.create("reconcile")

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
+
 from apg_farm.scheduler.queues import attempt_of
 
 #: kombu's Redis transport keeps delivered-but-unacknowledged messages in this hash.

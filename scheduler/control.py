@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from apg_farm.scheduler.queues import LIVE_WITHIN
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome
 from apg_farm.errors import BadInput
+from apg_farm.scheduler.queues import LIVE_WITHIN
 from apg_farm.store import (  # cancel_sweep, retry_attempts: the lifecycle's
     Attempt,
     AttemptState,

@@ -24,11 +24,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from apg_farm.scheduler.submission import check_resubmit
 from sqlalchemy import Float, cast, extract, func, select
 from sqlalchemy.orm import Session
 
 from apg_farm.results import group_quantiles, refuse_if_sealed
+from apg_farm.scheduler.submission import check_resubmit
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, Bed, BedState, Execution, Store, Sweep
 

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
+from sqlalchemy import or_, select, tuple_
+
 from apg_farm.scheduler.broker_view import attempts_with_messages
 from apg_farm.scheduler.publish import Sender, publish_attempts
 from apg_farm.scheduler.queues import pool_queue
-from sqlalchemy import or_, select, tuple_
-
 from apg_farm.store import (
     Attempt,
     AttemptState,

@@ -7,12 +7,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
 
-from apg_farm.scheduler.plan import AttemptKey, iter_keys
 from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from apg_farm.errors import BadInput
 from apg_farm.results import refuse_if_sealed
+from apg_farm.scheduler.plan import AttemptKey, iter_keys
 from apg_farm.specs import PACING, SweepSpec
 from apg_farm.store import (
     Attempt,

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from apg_farm.fixtures import simbed
 from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
-
 from apg_farm.store import Store
+from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import TEST_TIME_SCALE, make_beds, spec
 
 WEAK_MODEL = "openai/gpt-6"

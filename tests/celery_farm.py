@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import reconcile
-from apg_farm.workers import make_app
 from sqlalchemy import select
 
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import reconcile
 from apg_farm.settings import Settings
 from apg_farm.store import Attempt, AttemptState, Bed, Execution, Store
+from apg_farm.workers import make_app
 from tests.services import RedisServer, Workers, sweep_done
 
 #: Seconds of a worker's lease in these tests: short, so a killed worker's attempt returns soon.

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select, update
 
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Bed, BedEvent, BedState, Execution, Phase, Store
+from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import make_beds, spec
 
 TOKEN = "test-dashboard-token-0123456789abcdef"

@@ -6,10 +6,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from apg_farm.fixtures import simbed
 from sqlalchemy import select
 
 from apg_farm.beds import NewRemoteBed, add_remote_bed, enrol_escrow, get_bed, run_provision
+from apg_farm.fixtures import simbed
 from apg_farm.store import Attempt, Bed, Store
 from tests.simbeds import TEST_TIME_SCALE
 from tests.sshd import SshHost

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
 
 from apg_farm.beds import get_bed
 from apg_farm.cli import simulated_bed
+from apg_farm.fixtures import simbed
 from apg_farm.specs import SweepSpec, Timeouts
 from apg_farm.store import Bed, Store
 

@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.fixtures.simbed import ddev as simddev
-from apg_farm.scheduler import submit
-from apg_farm.workers import AttemptEngine
 
 from apg_farm.beds.fingerprints import hash_ddev_config
 from apg_farm.contract import Outcome
+from apg_farm.fixtures import simbed
+from apg_farm.fixtures.simbed import ddev as simddev
+from apg_farm.scheduler import submit
 from apg_farm.store import STOP_LISTING, Bed, Store
 from apg_farm.transports import CommandResult, LocalTransport
+from apg_farm.workers import AttemptEngine
 from tests.simbeds import TEST_TIME_SCALE, bed_image, make_beds, spec
 from tests.test_container_beds import ASSIGNMENTS, _container_ps, _phases
 

@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from apg_farm.scheduler import submit
-from apg_farm.workers import AttemptEngine
-from apg_farm.workers.engine import BedInfo, _Attempt
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import Outcome, Verdict
+from apg_farm.contract import UNFINGERPRINTED, Outcome, Verdict
 from apg_farm.defaults import EXTRA_DELIVERIES, MAX_CONSECUTIVE_INFRA_ERRORS
+from apg_farm.scheduler import submit
 from apg_farm.specs import parse_sweep
 from apg_farm.store import (
     Attempt,
@@ -35,6 +33,8 @@ from apg_farm.store import (
     utcnow,
 )
 from apg_farm.store.claims import HAND_BACK_LIMIT
+from apg_farm.workers import AttemptEngine
+from apg_farm.workers.engine import BedInfo, _Attempt
 from tests.simbeds import make_beds, spec
 
 
@@ -108,6 +108,41 @@ def test_lost_leases_in_a_row_quarantine_the_bed(store: Store) -> None:
         lost_tries = session.scalars(select(Execution).where(Execution.result == "LOST")).all()
     assert len(lost_tries) == MAX_CONSECUTIVE_INFRA_ERRORS
     assert claim_next(store, bed, lease_seconds=60, worker="t") is None
+
+
+def test_an_expired_lease_sends_the_attempt_to_another_bed(store: Store) -> None:
+    """The reconciler returns an attempt whose bed stopped answering with that bed excluded: the
+    dead bed's next claim takes other work while another active bed takes the attempt back."""
+    _sweep(store, trials=2)
+    dead, other = _bed(store, "b1"), _bed(store, "b2")
+    lost = claim_next(store, dead, lease_seconds=-1, worker="dying")
+    assert lost is not None
+    assert requeue_expired(store) == 1
+    with store.session() as session:
+        row = session.get_one(Attempt, lost.attempt_id)
+        assert (row.state, row.excluded_beds, row.bed_id) == (AttemptState.QUEUED, [dead], None)
+    again = claim_next(store, dead, lease_seconds=60, worker="back")
+    assert again is not None and again.attempt_id != lost.attempt_id
+    taken = claim_next(store, other, lease_seconds=60, worker="other")
+    assert taken is not None and taken.attempt_id == lost.attempt_id
+
+
+def test_a_bed_with_an_escrow_set_but_no_ddev_fingerprint_takes_nothing(store: Store) -> None:
+    """Escrowed files without the DDEV configuration's fingerprint: the hooks that fire on every
+    `ddev` call are unjudged, so the claim quarantines the bed instead of taking an attempt; an
+    escrow set whose files were never hashed is refused alike."""
+    _sweep(store)
+    no_ddev, no_files = _bed(store, "b1"), _bed(store, "b2")
+    with store.session() as session:
+        session.get_one(Bed, no_ddev).ddev_files = None
+        session.get_one(Bed, no_files).escrow_files = None
+    for bed in (no_ddev, no_files):
+        assert claim_next(store, bed, lease_seconds=60, worker="t") is None
+        with store.session() as session:
+            row = session.get_one(Bed, bed)
+            assert (row.state, row.state_reason) == (BedState.QUARANTINED, UNFINGERPRINTED)
+    [attempt] = _attempts(store)
+    assert attempt.state == AttemptState.QUEUED and attempt.deliveries == 0
 
 
 def test_a_retry_handed_back_enough_times_goes_to_any_bed(store: Store) -> None:

@@ -23,10 +23,10 @@ import yaml
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
 from sqlalchemy import func, select
 
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Bed, BedState, Execution, Store, normalize_url
 from tests.celery_farm import wait_done
 from tests.conftest import PG_URL, _postgres_store

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 from apg_farm.fixtures import simbed
-
 from tests.docker_api import bind, fake_docker, web_container
 from tests.remotebeds import remote_config
 from tests.sshd import start_sshd

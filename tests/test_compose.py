@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 import yaml
-from apg_farm.scheduler import attempt_time_limits
-from apg_farm.workers import make_app
 from sqlalchemy.engine import make_url
 
 from apg_farm.cli import distributed
 from apg_farm.errors import BadInput
+from apg_farm.scheduler import attempt_time_limits
 from apg_farm.settings import Settings, load_settings
 from apg_farm.specs import parse_sweep
 from apg_farm.store import Store, normalize_url
+from apg_farm.workers import make_app
 from tests.simbeds import make_beds
 
 ROOT = Path(__file__).resolve().parents[1]

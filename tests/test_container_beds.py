@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import AttemptEngine, EmbeddedExecutor
 from sqlalchemy import select
 
 from apg_farm.cli.attacks import CATALOGUE, Attack, run_attack
 from apg_farm.contract import Outcome
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, requeue_expired
+from apg_farm.workers import AttemptEngine, EmbeddedExecutor
 from tests.services import live_processes
 from tests.simbeds import bed_image, make_beds, spec
 from tests.test_embedded import faults_are_contained

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import json
 import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -11,6 +11,7 @@ import pytest
 
 from apg_farm import contract
 from apg_farm.contract import (
+    TOKENS,
     DdevFailure,
     Token,
     discover_run_id,
@@ -27,6 +28,7 @@ from apg_farm.errors import BadInput, ContractViolation, UnsafeArgument
 from apg_farm.transports.base import Captured, CommandResult
 
 RECORDED = Path(__file__).parent / "recorded"
+RED_LINE = "\x1b[31m{}\x1b[0m\n"
 DDEV = "/usr/local/bin/ddev"
 GRADE_ARGV = (DDEV, "ai-eval-grade", "dv01_extra", "--run=20260814-101200-a1")
 VERIFIER_ARGV = contract.trusted_verify(
@@ -409,6 +411,17 @@ def test_success_keeps_zero() -> None:
     assert out.first("APG_GRADE_NOT_STORED") == Token("APG_GRADE_NOT_STORED", "importer missing")
 
 
+@pytest.mark.parametrize("rc", [0, 2, 3, 124])
+def test_a_failure_line_is_read_only_behind_rc_1(rc: int) -> None:
+    """DDEV collapses a failure to exactly 1: with any other rc the command's own exit stands,
+    and a `Failed to run … exit status 3` line (which the grade's site code can print) is text.
+    A grade that exited 0 with it read as exit 3 would turn a verdict into SKIPPED."""
+    stderr = RED_LINE.format("Failed to run ai-eval-grade dv01_extra: exit status 3").encode()
+    out = read_output(result(GRADE_ARGV, rc, stderr))
+    assert out.exit_code == rc and out.observed_rc == rc
+    assert read_output(result(GRADE_ARGV, 1, stderr)).exit_code == 3
+
+
 def test_rc_1_without_failure_line_stays_1() -> None:
     """Without a DDEV failure line the observed rc is the exit code."""
     out = read_output(result(GRADE_ARGV, 1, b"boom\n"))
@@ -742,18 +755,85 @@ def test_escrow_path_missing_or_unsafe() -> None:
 
 
 def test_random_bytes_never_crash_readers() -> None:
-    """Random bytes give results or ContractViolation, never another exception."""
+    """Random bytes, and stderr built at random from the contract's pieces (tokens with their
+    details, DDEV failure lines for this command and for others, colours, CR and CRLF line ends,
+    noise), each get what the reader owes them: a typed result or a ContractViolation, never
+    another exception; every token line once, in order, its detail whole, none invented; the
+    exit code the rule gives (only rc 1 reads the last failure line naming the command, unless
+    it says 0); run ids, a report and an escrow path taken from the text, never made up."""
     rng = random.Random(7)
     alphabet = b'APG_\x1b[31m{}"\r\n :;=/-.0123456789Failed to run exit status error\xff\xc3'
     for _ in range(300):
         data = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 200)))
         text = data.decode("utf-8", errors="replace")
-        read_output(result(GRADE_ARGV, rng.choice([None, 0, 1, 2]), data, data))
-        printed_run_ids(text)
-        with contextlib.suppress(ContractViolation):
-            parse_json_report(data, what="diff")
-        with contextlib.suppress(ContractViolation):
-            parse_escrow_path(text)
+        rc = rng.choice([None, 0, 1, 2])
+        out = read_output(result(GRADE_ARGV, rc, data, data))
+        assert out.observed_rc == rc
+        assert (out.exit_code is None) == (rc is None)
+        if rc is not None and rc != 1:
+            assert out.exit_code == rc
+        clean = strip_ansi(text)
+        assert all(t.name.startswith("APG_") and t.name in clean for t in out.tokens)
+        assert len(out.tokens) <= clean.count("APG_")
+        for run_id in printed_run_ids(text):
+            assert run_id in clean and contract.SAFE_ARG.fullmatch(run_id)
+        try:
+            report = parse_json_report(data, what="diff")
+        except ContractViolation as error:
+            assert "diff" in error.message
+        else:
+            assert isinstance(report, dict)
+        try:
+            path = parse_escrow_path(text)
+        except ContractViolation:
+            pass
+        else:
+            assert path.startswith("/") and path in clean
+            assert not any(part in (".", "..") for part in path.split("/"))
+
+    # Built stderr, with the answer known.
+    names = [*sorted(TOKENS), "APG_FUTURE_TOKEN"]
+    noise = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;=/-"
+    for _ in range(300):
+        lines: list[str] = []
+        expected: list[Token] = []
+        failure: int | None = None
+        for _ in range(rng.randint(0, 12)):
+            kind = rng.random()
+            if kind < 0.35:
+                name = rng.choice(names)
+                detail = "".join(rng.choice(noise) for _ in range(rng.randint(0, 90))).strip()
+                lines.append(f"{rng.choice(['', ' ', '  '])}{name} {detail}")
+                expected.append(Token(name, detail))
+            elif kind < 0.5:
+                status = rng.randint(0, 300)
+                lines.append(f"Failed to run ai-eval-grade dv01_extra: exit status {status}")
+                failure = status
+            elif kind < 0.6:
+                # Another command's failure line means nothing here.
+                lines.append(f"Failed to run ai-eval-diff kb_docs: exit status {rng.randint(1, 9)}")
+            else:
+                lines.append("".join(rng.choice(noise) for _ in range(rng.randint(0, 60))))
+        coloured = [
+            RED_LINE.format(line).rstrip("\n") if rng.random() < 0.3 else line for line in lines
+        ]
+        text = "".join(line + rng.choice(["\n", "\r\n", "\r"]) for line in coloured)
+        rc = rng.choice([0, 1, 1, 2, 3])
+        out = read_output(result(GRADE_ARGV, rc, text.encode()))
+        assert list(out.tokens) == expected, text
+        assert parse_tokens(text) == expected
+        if rc == 1 and failure:
+            assert out.exit_code == failure and out.ddev_failure is not None
+            assert out.ddev_failure.status == failure
+        else:
+            assert out.exit_code == rc
+    # A report among human lines is the report, exactly.
+    for _ in range(100):
+        doc = {"changed": rng.choice([True, False]), "files": [rng.randint(0, 9) for _ in range(3)]}
+        before = "".join(rng.choice(noise) for _ in range(rng.randint(0, 40)))
+        after = "".join(rng.choice(noise) for _ in range(rng.randint(0, 40)))
+        data = f"{before}\n{json.dumps(doc)}\n{after}\n".encode()
+        assert parse_json_report(data, what="diff") == doc
 
 
 def test_deep_nesting_report() -> None:

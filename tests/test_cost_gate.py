@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select, update
 
 from apg_farm.errors import BadInput
+from apg_farm.fixtures import simbed
 from apg_farm.results import (
     CheckPolicy,
     Side,
@@ -27,7 +25,9 @@ from apg_farm.results import (
     find_sweep,
     parse_cost_increase,
 )
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Execution, Store
+from apg_farm.workers import EmbeddedExecutor
 from tests.analysis_farm import Farm
 from tests.cli_runner import run_main
 from tests.simbeds import make_beds, spec

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import update
 
 from apg_farm.results import (
@@ -24,7 +22,9 @@ from apg_farm.results import (
 )
 from apg_farm.results.cost_plot import nice_ticks
 from apg_farm.results.html_report import PALETTE
+from apg_farm.scheduler import submit
 from apg_farm.store import Execution, Store
+from apg_farm.workers import EmbeddedExecutor
 from tests.analysis_farm import Farm, shared_farm
 from tests.simbeds import make_beds, spec
 from tests.test_analysis import render_in_chromium

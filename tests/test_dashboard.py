@@ -122,6 +122,71 @@ def test_sessions_and_csrf_tokens_are_signed_and_bound() -> None:
     assert guard.bearer_valid(f"Bearer {TOKEN}") and not guard.bearer_valid("Bearer nope")
 
 
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644, 0o610])
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
+    """Like ssh with a key: a token file its group or anyone else may read or write is refused,
+    not only a world-readable one; 0600 and 0400 are the owner's alone."""
+    made = load_token(tmp_path, {})
+    path = tmp_path / "dashboard-token"
+    path.chmod(mode)
+    with pytest.raises(BadInput, match="readable by others"):
+        load_token(tmp_path, {})
+    for private in (0o600, 0o400):
+        path.chmod(private)
+        assert load_token(tmp_path, {}).value == made.value
+
+
+def test_only_a_bearer_header_carries_the_token() -> None:
+    """The API takes `Authorization: Bearer <token>` and nothing else: not the bare token, not
+    another scheme, not the scheme without its space."""
+    guard = Guard(TOKEN)
+    assert guard.bearer_valid(f"Bearer {TOKEN}")
+    for header in (
+        TOKEN,
+        f"Basic {TOKEN}",
+        f"Bearer{TOKEN}",
+        f"Token {TOKEN}",
+        "Bearer ",
+        "",
+        None,
+    ):
+        assert not guard.bearer_valid(header), header
+
+
+def test_every_secret_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token, a session's signature and a CSRF token each go through compare_digest (hmac's
+    or secrets', the same function): `==` would leak by its timing how much of a guess is right."""
+    import hmac
+    import secrets
+
+    from apg_farm.dashboard import auth
+
+    seen: list[tuple[object, object]] = []
+    real = hmac.compare_digest
+
+    def spy(a: Any, b: Any) -> bool:
+        seen.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
+    monkeypatch.setattr(auth.secrets, "compare_digest", spy)
+    assert hmac.compare_digest is spy and secrets.compare_digest is spy
+    guard = Guard(TOKEN)
+    nonce = guard.new_nonce()
+    session = guard.new_session()
+    checks = (
+        lambda: guard.token_matches(TOKEN),
+        lambda: guard.bearer_valid(f"Bearer {TOKEN}"),
+        lambda: guard.session_valid(session),
+        lambda: guard.csrf_valid(nonce, guard.csrf_token(nonce)),
+    )
+    for check in checks:
+        seen.clear()
+        assert check() and len(seen) == 1
+    seen.clear()
+    assert not guard.csrf_valid(nonce, "forged") and len(seen) == 1
+
+
 def test_every_page_and_api_needs_the_token(server: Server, farm: DashFarm) -> None:
     anonymous = Client(server.url)
     for path in _pages(farm):

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 
+from apg_farm.fixtures import simbed
 from apg_farm.results import analyse, find_sweep
+from apg_farm.scheduler import submit
 from apg_farm.store import Sweep
+from apg_farm.workers import EmbeddedExecutor
 from tests.dashboard_farm import IMG, SCRIPT, TOKEN, DashFarm, Server, build_farm, serving
 from tests.simbeds import TEST_TIME_SCALE, spec
 

@@ -7,12 +7,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import pool_queue, publish_attempts, submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select
 
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import pool_queue, publish_attempts, submit
 from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store
+from apg_farm.workers import EmbeddedExecutor
 from tests.celery_farm import assert_counted_once_and_no_overlap, celery_app, wait_done
 from tests.services import RedisServer, Workers
 from tests.simbeds import make_beds, spec

@@ -8,13 +8,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select
 
 from apg_farm.contract import Outcome
+from apg_farm.fixtures import simbed
 from apg_farm.results import find_sweep, sweep_report
+from apg_farm.scheduler import submit
 from apg_farm.specs import Timeouts
 from apg_farm.store import (
     Attempt,
@@ -26,6 +25,7 @@ from apg_farm.store import (
     Store,
     cancel_sweep,
 )
+from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import make_beds, spec
 
 

@@ -6,16 +6,27 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import AttemptEngine
 from sqlalchemy import select, update
 
 from apg_farm.contract import ALLOWED_BASE_NAMES, ATTEMPT_VARIABLE, FORCED, Outcome
-from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, requeue_expired
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedState,
+    Execution,
+    Phase,
+    Store,
+    requeue_expired,
+)
 from apg_farm.transports.strays import MARKER
+from apg_farm.workers import AttemptEngine
+from apg_farm.workers.engine import _Attempt
 from tests.simbeds import make_beds, spec
 
 
@@ -136,3 +147,107 @@ def test_database_connections_killed_mid_attempt_are_survived(
     # 11 phases each: escrow and DDEV checks, verify, reset, baseline diff, run, two DDEV checks,
     # verify, diff, grade.
     assert len(phases) == 22 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 22
+
+
+def test_a_baseline_file_edited_during_the_run_is_tampered_and_left_as_evidence(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent rewrites a baseline file the escrow set keeps a copy of: the verify after the
+    run, never with --restore, finds it (TAMPERED, not graded) and leaves it as the agent left
+    it for a human to read; only the next attempt's verify --restore repairs it."""
+    [bed] = make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    [baseline] = sorted((Path(bed.approot) / ".ai-proving-ground").glob("baseline.*.json"))
+    planted = b'{"planted": "by the agent"}\n'
+    run_agent = _Attempt._run_agent
+
+    def agent_edits_baseline(attempt: _Attempt) -> object:
+        verdict = run_agent(attempt)
+        # What an agent (or a process it left) writes while its run goes on.
+        baseline.write_bytes(planted)
+        return verdict
+
+    monkeypatch.setattr(_Attempt, "_run_agent", agent_edits_baseline)
+    report = AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome == Outcome.TAMPERED
+    with store.session() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        phases = {p.name: p for p in session.scalars(select(Phase))}
+    assert "APG_ESCROW_MISMATCH" in (attempt.reason or "")
+    assert "grade" not in phases
+    before, after = phases["verify_before"].argv, phases["verify_after"].argv
+    assert before[-1] == "--restore" and before[:-1] == after
+    assert "--restore" not in after
+    assert baseline.read_bytes() == planted
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["model-named", "no-dataset"])
+def test_a_grade_stamped_for_another_model_is_graded_again_live(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: bool
+) -> None:
+    """The agent rewrote its run record to name another model. With a dataset to name, the
+    farm names the attempt's model and the grade refuses the record; with none (neither the
+    sweep nor the record names one) the grade with --run stamps the decoy model, which the
+    envelope check refuses. Either way the live site is graded again, and the envelope kept
+    never names the decoy."""
+    import json
+
+    [bed] = make_beds(store, tmp_path, 1, faults={0: {"rewrite_run_json": True}} if named else None)
+    sweep = spec(tasks=1, models=1, trials=1)
+    if not named:
+        sweep = sweep.model_copy(update={"dataset": None})
+        phase_result = _Attempt._phase_result
+
+        def record_rewritten(attempt: _Attempt, name: str, *args: Any, **kwargs: Any) -> Any:
+            done = phase_result(attempt, name, *args, **kwargs)
+            if name == "run":  # before the farm reads the record
+                for path in (Path(bed.approot) / ".ai-proving-ground" / "runs").glob("*/run.json"):
+                    record = json.loads(path.read_text())
+                    record.pop("dataset", None)
+                    record["model"] = "decoy/model"
+                    path.write_text(json.dumps(record))
+            return done
+
+        monkeypatch.setattr(_Attempt, "_phase_result", record_rewritten)
+    sweep_id = submit(store, sweep).sweep_id
+    report = AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome in (Outcome.PASSED, Outcome.FAILED)
+    with store.session() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        execution = session.scalars(select(Execution)).one()
+        grades = [p.argv for p in session.scalars(select(Phase).where(Phase.name == "grade"))]
+    assert len(grades) == 2
+    assert any(a.startswith("--run=") for a in grades[0])
+    assert not any(a.startswith("--run=") for a in grades[1])
+    assert execution.envelope is not None
+    info = json.loads(execution.envelope)["model_info"]
+    assert "decoy" not in info["id"] and "decoy" not in info["name"]
+    if named:
+        assert attempt.model in (info["id"], info["name"])
+
+
+def test_a_verifier_broken_during_the_run_is_counted_against_the_agent(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trusted verifier reports the bed broken after the run (its escrow set incomplete):
+    before the run that would be the bed's failure, retried elsewhere; once the agent ran it may
+    be the agent's doing, so the attempt is TAMPERED (not graded) and the bed still quarantined."""
+    [bed] = make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
+    assert bed.escrow_set is not None
+    run_agent = _Attempt._run_agent
+
+    def agent_breaks_the_verifier(attempt: _Attempt) -> object:
+        verdict = run_agent(attempt)
+        (Path(bed.escrow_set or "") / "baseline.dir").unlink()
+        return verdict
+
+    monkeypatch.setattr(_Attempt, "_run_agent", agent_breaks_the_verifier)
+    report = AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
+    assert report is not None and report.outcome == Outcome.TAMPERED
+    with store.session() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        row = session.scalars(select(Bed)).one()
+    assert attempt.state == AttemptState.DONE and "APG_ESCROW_NONE" in (attempt.reason or "")
+    assert "counted against it" in (attempt.reason or "")
+    assert row.state == BedState.QUARANTINED

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
+import typing
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from apg_farm.contract import (
     read_grade,
     schema_validator,
 )
+from apg_farm.contract.envelope import EnvelopeProblem
 from apg_farm.errors import ContractViolation
 
 EXAMPLE = (Path(__file__).parent / "recorded" / "grade_example.json").read_bytes()
@@ -263,6 +265,25 @@ def test_task_matched_by_result_id_prefix() -> None:
     assert g.task == "droost_state"
 
 
+def test_a_task_whose_id_extends_another_is_not_it() -> None:
+    """`dv01_view_build_extra` is another task than `dv01_view_build`: neither its name nor its
+    result id (`dv01_view_build_extra/...`) matches, so its envelope is other_task; next to the
+    task's own result it is ignored, not a second result."""
+    doc = example()
+    longer = f"{TASK}_extra"
+    result = doc["evaluation_results"][0]
+    result["evaluation_name"] = longer
+    result["evaluation_result_id"] = f"{longer}/droost_state"
+    err = problem(encode(doc))
+    assert err.problem == "other_task" and longer in err.message
+    assert grade(encode(doc), task=longer).task == longer
+    own = copy.deepcopy(example()["evaluation_results"][0])
+    own["score_details"]["score"] = 0.0
+    doc["evaluation_results"].append(own)
+    read = grade(encode(doc))
+    assert (read.task, read.passed) == (TASK, False)
+
+
 def test_several_results_for_task() -> None:
     """Two results naming the task are refused."""
     doc = example()
@@ -336,12 +357,14 @@ def test_example_run_mismatch() -> None:
 def test_wrong_run_apg_run_id() -> None:
     """apg_run_id naming another run is other_run even if evaluation_id ends right."""
     doc = with_run()
-    doc["source_metadata"]["additional_details"]["apg_run_id"] = "r-other"
-    err = problem(encode(doc), run_id=RUN)
-    assert (err.problem, err.field) == (
-        "other_run",
-        "source_metadata.additional_details.apg_run_id",
-    )
+    # Another run entirely, and a sibling: same day, same task, another suffix.
+    for other in ("r-other", f"{RUN[:-4]}0000"):
+        doc["source_metadata"]["additional_details"]["apg_run_id"] = other
+        err = problem(encode(doc), run_id=RUN)
+        assert (err.problem, err.field) == (
+            "other_run",
+            "source_metadata.additional_details.apg_run_id",
+        )
 
 
 def test_wrong_run_evaluation_id() -> None:
@@ -457,6 +480,11 @@ def test_inconsistent_reasons_warn() -> None:
 MUTANTS: list[object] = [None, True, 0, -1, 1e308, "", "x", [], {}, [1], {"a": 1}]
 
 
+def _fresh(rng: Any) -> Any:
+    # A copy: a shared [] or {} put in two places would let a later mutation make a cycle.
+    return copy.deepcopy(rng.choice(MUTANTS))
+
+
 def _mutate(node: Any, rng: Any) -> Any:
     if isinstance(node, dict) and node:
         key = rng.choice(sorted(node))
@@ -464,28 +492,108 @@ def _mutate(node: Any, rng: Any) -> Any:
         if roll < 0.2:
             del node[key]
         elif roll < 0.5:
-            node[key] = rng.choice(MUTANTS)
+            node[key] = _fresh(rng)
         else:
             node[key] = _mutate(node[key], rng)
     elif isinstance(node, list) and node:
         i = rng.randrange(len(node))
-        node[i] = _mutate(node[i], rng) if rng.random() < 0.7 else rng.choice(MUTANTS)
+        node[i] = _mutate(node[i], rng) if rng.random() < 0.7 else _fresh(rng)
     else:
-        return rng.choice(MUTANTS)
+        return _fresh(rng)
     return node
 
 
+PROBLEMS = frozenset(typing.get_args(EnvelopeProblem))
+
+
+def _mutate_meaning(doc: dict[str, Any], rng: Any) -> None:
+    """A change the schema allows: what the envelope says, not its shape."""
+    results = doc["evaluation_results"]
+    result = rng.choice(results) if results else None
+    roll = rng.randrange(8)
+    if roll == 0 and result is not None:
+        result["score_details"]["score"] = rng.choice(
+            [0, 0.0, 2.5, 4.999, 5, 5.0, 6.0, -1.0, 1e308]
+        )
+    elif roll == 1 and result is not None:
+        key = rng.choice(["min_score", "max_score"])
+        result["metric_config"][key] = rng.choice([0.0, 1.0, 5.0, 10.0, -5.0])
+    elif roll == 2 and result is not None:
+        result["evaluation_name"] = rng.choice([TASK, "dv02", f"{TASK}_extra", "droost_state"])
+    elif roll == 3 and result is not None:
+        result["evaluation_result_id"] = rng.choice(
+            [f"{TASK}/droost_state", f"{TASK}_extra/droost_state", "dv02/x", TASK]
+        )
+    elif roll == 4:
+        doc["model_info"]["id"] = rng.choice(
+            ["anthropic/claude-sonnet-5-5", "openai/claude-sonnet-5-5", "claude-sonnet-5-5", "x"]
+        )
+    elif roll == 5 and result is not None:
+        results.append(copy.deepcopy(result))
+    elif roll == 6 and result is not None:
+        details = result["score_details"].setdefault("details", {})
+        details["reason"] = rng.choice(
+            ["", "PASS a (config): ok\nnoise\n  FAIL b (inband): no", "FAILED x\nPASSING y", "PASS"]
+        )
+    else:
+        doc["evaluation_results"] = [] if rng.random() < 0.3 else results[:1]
+
+
 def test_mutated_envelopes_never_crash() -> None:
-    """Randomly damaged envelopes give a Grade or an EnvelopeError, never another exception."""
+    """Randomly damaged envelopes each get what the reader owes them: a Grade or an
+    EnvelopeError with one of the named problems, never another exception. An envelope the
+    bundled schema refuses is a `schema` problem, and one it accepts never is. A Grade says only
+    what the envelope says: its score, bounds, task, model and evaluation id are the envelope's,
+    passed is exactly score == max_score inside [min, max], and every reason line is one of the
+    envelope's PASS/FAIL lines, none invented."""
     import random
 
     rng = random.Random(11)
-    for _ in range(400):
-        doc = example()
-        for _ in range(rng.randint(1, 4)):
-            doc = _mutate(doc, rng)
-        with contextlib.suppress(EnvelopeError):
-            grade(json.dumps(doc).encode(), model="claude-sonnet-5-5", run_id=None)
+    seen: Counter[str] = Counter()
+    for i in range(600):
+        doc: Any = example()
+        if i % 2:
+            for _ in range(rng.randint(1, 4)):
+                doc = _mutate(doc, rng)
+        else:
+            for _ in range(rng.randint(1, 3)):
+                _mutate_meaning(doc, rng)
+        data = json.dumps(doc).encode()
+        try:
+            g = grade(data, model="claude-sonnet-5-5", run_id=None)
+        except EnvelopeError as error:
+            seen[error.problem] += 1
+            assert error.problem in PROBLEMS and error.message
+            assert len(error.message) < 2000  # bed-controlled values are cut short
+            if not isinstance(doc, dict):
+                assert error.problem == "not_object"
+            elif schema_validator().is_valid(doc):
+                assert error.problem not in ("schema", "not_json", "not_object", "noise")
+            else:
+                assert error.problem == "schema"
+            continue
+        seen["grade"] += 1
+        assert isinstance(doc, dict) and schema_validator().is_valid(doc)
+        [result] = [
+            r
+            for r in doc["evaluation_results"]
+            if r["evaluation_name"] == TASK
+            or str(r.get("evaluation_result_id", "")).startswith(f"{TASK}/")
+        ]
+        metric = result["metric_config"]
+        assert isinstance(g.score, float) and g.score == result["score_details"]["score"]
+        assert (g.min_score, g.max_score) == (metric["min_score"], metric["max_score"])
+        assert g.min_score <= g.score <= g.max_score
+        assert g.passed is (g.score == g.max_score)
+        assert g.task == result["evaluation_name"]
+        assert (g.model_id, g.model_name) == (doc["model_info"]["id"], doc["model_info"]["name"])
+        assert g.evaluation_id == doc["evaluation_id"]
+        reason = ((result["score_details"].get("details") or {}).get("reason")) or ""
+        written = [line.strip() for line in reason.splitlines()]
+        assert all(r in written and r.split()[0] in ("PASS", "FAIL") for r in g.reasons)
+        assert all(isinstance(v, str) for v in g.provenance.values())
+    # Both paths were walked, and more than one way of failing.
+    assert seen["grade"] >= 40 and len(seen) >= 6, seen
 
 
 def test_random_bytes_never_crash() -> None:
@@ -496,5 +604,8 @@ def test_random_bytes_never_crash() -> None:
     alphabet = b'{}[]":,0123456789.eE+-truefalsn \r\n\t\x1b\xff\xc3\\u'
     for _ in range(400):
         data = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
-        with pytest.raises(EnvelopeError):
+        with pytest.raises(EnvelopeError) as info:
             grade(data, run_id="r1")
+        # Short random bytes are never a valid envelope: refused before the schema is reached
+        # unless they happen to be a JSON object.
+        assert info.value.problem in ("not_utf8", "not_json", "noise", "not_object", "schema")

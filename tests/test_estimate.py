@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from apg_farm.scheduler import estimate_sweep, submit
-from apg_farm.scheduler.estimate import FEW
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select, update
 
 from apg_farm.errors import BadInput
 from apg_farm.results import quantile
+from apg_farm.scheduler import estimate_sweep, submit
+from apg_farm.scheduler.estimate import FEW
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, Bed, BedState, Execution, Store, Sweep, cancel_sweep, utcnow
+from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import make_beds, spec
 
 FIXTURES = ["kb_docs"]

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select
 
 from apg_farm.contract import COUNTED, Outcome
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
 from apg_farm.specs import Timeouts
 from apg_farm.store import Attempt, Bed, BedState, Execution, Phase, Store
+from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import make_beds, spec
 
 HONEST, GAMER = simbed.DEFAULT_MODELS[:2]

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import AttemptEngine
 from sqlalchemy import select
 
 from apg_farm.beds import apply_inventory, get_bed, load_inventory
 from apg_farm.errors import BadInput
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, AttemptState, BedState, Store, claim_next
+from apg_farm.workers import AttemptEngine
 from tests.remotebeds import remote_config
 from tests.simbeds import TEST_TIME_SCALE, spec
 from tests.sshd import start_sshd

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from apg_farm.scheduler import submit
 from sqlalchemy import func, select
 
 from apg_farm.contract import Outcome
+from apg_farm.scheduler import submit
 from apg_farm.store import (
     Attempt,
     AttemptState,

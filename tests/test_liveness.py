@@ -18,6 +18,10 @@ from typing import Any
 import pytest
 import redis as redis_client
 import yaml
+from sqlalchemy import event, select, update
+
+from apg_farm.cli.distributed import maintenance_via_worker, sweep_without_worker
+from apg_farm.errors import FarmError
 from apg_farm.scheduler import (
     BED_MAINTENANCE,
     LIVE_WITHIN,
@@ -29,13 +33,6 @@ from apg_farm.scheduler import (
     sweep_status,
     worker_beats,
 )
-from apg_farm.workers import heartbeat as heartbeat_module
-from apg_farm.workers import tasks
-from apg_farm.workers.heartbeat import Heartbeat, worker_name
-from sqlalchemy import event, select, update
-
-from apg_farm.cli.distributed import maintenance_via_worker, sweep_without_worker
-from apg_farm.errors import FarmError
 from apg_farm.specs import SweepSpec
 from apg_farm.store import (
     Attempt,
@@ -47,6 +44,9 @@ from apg_farm.store import (
     WorkerBeat,
     utcnow,
 )
+from apg_farm.workers import heartbeat as heartbeat_module
+from apg_farm.workers import tasks
+from apg_farm.workers.heartbeat import Heartbeat, worker_name
 from tests.celery_farm import celery_app
 from tests.services import RedisServer, Workers, sweep_done
 from tests.simbeds import make_beds, spec

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from apg_farm.fixtures import simbed
 
 from apg_farm.beds import doctor_bed, get_bed
 from apg_farm.beds.mounts import APPROOT_LABEL, CONTAINER_ROOT, SERVICE_LABEL, SITE_LABEL
+from apg_farm.fixtures import simbed
 from apg_farm.store import Bed, BedState, Store
 from tests.simbeds import make_beds
 from tests.test_cli import farm

@@ -6,15 +6,15 @@ import threading
 import time
 from pathlib import Path
 
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor, ExecutorResult
 from sqlalchemy import select
 
 from apg_farm.beds import get_bed
 from apg_farm.contract import Outcome
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store
 from apg_farm.transports import Transport
 from apg_farm.transports.ssh import SshTransport, target_of
+from apg_farm.workers import EmbeddedExecutor, ExecutorResult
 from tests.netns import netns_hosts
 from tests.remotebeds import outcome_counts, remote_beds
 from tests.simbeds import make_beds, spec

@@ -18,6 +18,7 @@ from apg_farm.contract import (
     judge_at_baseline,
     judge_claim,
     judge_ddev_check,
+    judge_escrow_check,
     judge_grade,
     judge_graded_at_baseline,
     judge_reset,
@@ -139,6 +140,10 @@ def test_verify_after_is_tampered_on_any_failure() -> None:
     )
     assert files.outcome == Outcome.TAMPERED and files.quarantine is None
     assert judge_verify_after(out(None, transport_error="x")).action == "retry"
+    # A verifier that fails without saying why (no token at all) still failed.
+    for status in (1, 2, 127):
+        silent = judge_verify_after(out(status, "", argv=("/usr/bin/bash", "v")))
+        assert silent.outcome == Outcome.TAMPERED and f"exit {status}" in silent.reason
 
 
 @pytest.mark.parametrize(
@@ -355,6 +360,18 @@ def test_a_baseline_mismatch_after_the_run_is_tampered_whatever_the_exit_code() 
     assert verdict.outcome == Outcome.TAMPERED and "APG_ESCROW_MISMATCH" in verdict.reason
 
 
+def test_a_repair_after_the_run_is_tampered() -> None:
+    """The verify after the run is never asked to --restore; a verifier that repaired a baseline
+    file anyway saw it changed during the run: TAMPERED, even at exit 0 with no mismatch line.
+    Before the attempt a repair is what --restore is for."""
+    line = "APG_ESCROW_RESTORED .ai-proving-ground/db.sql\nAPG_ESCROW_OK /e\n"
+    after = judge_verify_after(out(0, line, argv=("/usr/bin/bash", "v")))
+    assert after.outcome == Outcome.TAMPERED and "APG_ESCROW_RESTORED" in after.reason
+    assert judge_verify_before(out(0, line, argv=("/usr/bin/bash", "v"))).action == "continue"
+    clean = judge_verify_after(out(0, "APG_ESCROW_OK /e\n", argv=("/usr/bin/bash", "v")))
+    assert clean.action == "continue"
+
+
 @pytest.mark.parametrize("status", [0, 1, 2, 4])
 def test_a_refused_run_record_is_honoured_whatever_the_exit_code(status: int) -> None:
     """APG_GRADE_RUN_INVALID refuses the run record on any exit but the skip's."""
@@ -404,3 +421,58 @@ def test_a_flood_of_token_lines_quarantines_the_bed() -> None:
     verdict = judge_run(out(0), run_recorded=True, tokens_dropped=3)
     assert verdict.action == "continue" and "revoke the token" in (verdict.quarantine or "")
     assert judge_run(out(0), run_recorded=True).quarantine is None
+
+
+def test_a_grade_that_exited_0_is_judged_whatever_its_stderr_says() -> None:
+    """Exit 0 with a DDEV-like `exit status 3` line on stderr (the site's code runs inside the
+    grade and can print anything) is the verdict the envelope carries, never SKIPPED."""
+    raw = Path(__file__).with_name("recorded").joinpath("grade_example.json").read_bytes()
+    grade = read_grade(raw, truncated=False, task="dv01_view_build", model=None, run_id=None)
+    line = RED.format("Failed to run ai-eval-grade dv01_view_build: exit status 3")
+    output = out(0, line + "\n", argv=("ddev", "ai-eval-grade", "dv01_view_build"))
+    assert output.exit_code == 0
+    verdict = judge_grade(output, grade=grade, envelope_problem=None, agent_failed=False)
+    assert verdict.outcome == Outcome.PASSED
+
+
+def test_an_agent_failure_with_a_partial_score_is_no_attempt() -> None:
+    """An agent that failed and a grade that found part of the task built (a score strictly
+    between min and max) is NO_ATTEMPT: only max_score passes; without the agent's failure it
+    is FAILED."""
+    raw = Path(__file__).with_name("recorded").joinpath("grade_example.json").read_bytes()
+    full = read_grade(raw, truncated=False, task="dv01_view_build", model=None, run_id=None)
+    partial = replace(full, score=2.5, passed=False)
+    assert full.min_score < partial.score < full.max_score
+    failed = judge_grade(out(0), grade=partial, envelope_problem=None, agent_failed=True)
+    assert failed.outcome == Outcome.NO_ATTEMPT and "2.5/5" in failed.reason
+    scored = judge_grade(out(0), grade=partial, envelope_problem=None, agent_failed=False)
+    assert scored.outcome == Outcome.FAILED
+    lowest = replace(full, score=full.min_score, passed=False)
+    lowest_failed = judge_grade(out(0), grade=lowest, envelope_problem=None, agent_failed=True)
+    assert lowest_failed.outcome == Outcome.NO_ATTEMPT
+    passed = judge_grade(out(0), grade=full, envelope_problem=None, agent_failed=True)
+    assert passed.outcome == Outcome.PASSED
+
+
+def test_one_dropped_token_line_is_a_flood() -> None:
+    """A single APG_ token line the capture could not keep may be the leak: quarantine."""
+    verdict = judge_run(out(0), run_recorded=True, tokens_dropped=1)
+    assert verdict.action == "continue" and "revoke the token" in (verdict.quarantine or "")
+    assert "1 more APG_ token lines" in (verdict.quarantine or "")
+
+
+def test_the_escrow_check_continues_only_on_exit_0_with_nothing_changed() -> None:
+    """The escrow set's hash: exit 0 and no change continues; any other exit is no proof the set
+    is intact, even with no change listed (a hash command that died half way lists fewer)."""
+    hashing = ("/bin/sh", "-c", "...")
+    assert judge_escrow_check(out(0, argv=hashing), changes=[]).action == "continue"
+    for rc in (1, 2, 4):
+        for changes in ([], None):
+            verdict = judge_escrow_check(out(rc, argv=hashing), changes=changes)
+            assert verdict.action == "retry" and f"exit {rc}" in verdict.reason, (rc, changes)
+    missing = judge_escrow_check(out(3, argv=hashing), changes=None)
+    assert missing.action == "retry" and "missing" in (missing.quarantine or "")
+    changed = judge_escrow_check(out(0, argv=hashing), changes=["escrow-verify.sh changed"])
+    assert changed.action == "retry" and "escrow-verify.sh" in (changed.quarantine or "")
+    unread = judge_escrow_check(out(0, argv=hashing), changes=None)
+    assert unread.action == "retry" and unread.quarantine is None

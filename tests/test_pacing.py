@@ -10,13 +10,12 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit, sweep_status
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import func, select
 
 from apg_farm.contract import Outcome
 from apg_farm.errors import BadInput
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit, sweep_status
 from apg_farm.specs import SweepSpec, parse_sweep
 from apg_farm.store import (
     Attempt,
@@ -30,6 +29,7 @@ from apg_farm.store import (
     set_budget,
     set_sweep_budget,
 )
+from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import make_beds, spec
 
 M0, M1 = simbed.DEFAULT_MODELS[:2]
@@ -145,6 +145,58 @@ def test_the_farm_total_budget_stops_every_sweep_and_a_raise_resumes(
     set_budget(store, "total", 1e6)
     assert EmbeddedExecutor(store, sweep_id).run().stranded == 0
     assert _states(store, sweep_id) == {AttemptState.DONE: 4}
+
+
+def test_spend_exactly_at_a_budget_stops_the_claim(store: Store) -> None:
+    """A budget is spent when spend reaches it, not only past it: at exactly the sweep's, the
+    farm's total or today's figure no attempt is claimed; a cent more of budget lets one through."""
+    from apg_farm.store import add_spend, claim_next
+
+    sweep_id = submit(
+        store,
+        parse_sweep({"name": "b", "tasks": ["a"], "models": ["m"], "trials": 3, "budget_usd": 2.5}),
+    ).sweep_id
+    with store.session() as session:
+        bed = Bed(
+            name="b1",
+            approot="/tmp/x",
+            ddev="ddev",
+            fixtures=["canvas_home", "kb_docs"],
+            pool="canvas_home,kb_docs",
+            env={},
+            escrow_set="/srv/escrow/x",
+            escrow_files={"escrow-verify.sh": "0" * 64},
+            ddev_files={},
+        )
+        session.add(bed)
+        session.flush()
+        bed_id = bed.id
+        add_spend(store, session, sweep_id, 2.5)
+
+    def claim_one() -> bool:
+        claim = claim_next(store, bed_id, lease_seconds=60, worker="t")
+        if claim is None:
+            return False
+        with store.session() as session:
+            row = session.get_one(Attempt, claim.attempt_id)
+            row.state, row.outcome, row.bed_id, row.lease_expires_at = (
+                AttemptState.DONE,
+                "PASSED",
+                None,
+                None,
+            )
+        return True
+
+    assert not claim_one()  # the sweep spent 2.50 of 2.50
+    set_sweep_budget(store, sweep_id, 2.51)
+    assert claim_one()
+    set_sweep_budget(store, sweep_id, None)
+    for scope in ("total", "daily"):
+        set_budget(store, scope, 2.5)  # the farm spent 2.50 in all and today
+        assert not claim_one(), scope
+        set_budget(store, scope, 2.51)
+        assert claim_one(), scope
+        set_budget(store, scope, None)
 
 
 # --- max_concurrent ----------------------------------------------------------------------------
@@ -301,6 +353,94 @@ def test_status_names_a_paused_model_and_the_daily_spend(store: Store, tmp_path:
     assert paused["model"] == M0 and paused["trouble"] == "rate_limited"
     assert paused["trips"] == 1 and paused["waiting_for"] == "back-off"
     assert any("farm daily" in reason for reason in status["paused"])
+
+
+def test_the_back_off_starts_at_its_base_and_doubles_up_to_its_ceiling() -> None:
+    from apg_farm.store.pacing import backoff
+
+    assert [backoff(trips, 30, 1800) for trips in (0, 1, 2, 3, 6, 7, 20)] == [
+        30.0,
+        30.0,
+        60.0,
+        120.0,
+        960.0,
+        1800.0,
+        1800.0,
+    ]
+
+
+def test_the_gate_admits_up_to_the_cap_and_not_one_more(store: Store) -> None:
+    """Under the gate's lock the running attempts are counted again (the claim's first filter
+    read them before waiting for the lock, and another claimer may have taken the last slot
+    meanwhile): at the cap the model is refused, one below it admitted."""
+    from apg_farm.store.pacing import Gates
+
+    submit(
+        store,
+        parse_sweep(
+            {
+                "name": "g",
+                "tasks": ["a"],
+                "models": ["m1"],
+                "trials": 3,
+                "max_concurrent": {"m1": 1},
+            }
+        ),
+    )
+    with store.session() as session:
+        running = session.scalars(select(Attempt).order_by(Attempt.seq)).first()
+        assert running is not None
+        running.state = AttemptState.RUNNING
+    with store.session() as session:
+        gates = Gates.lock(store, session, ["m1"], capped=["m1"])
+        assert gates.admits("m1", 1) is False
+        assert gates.admits("m1", 2) is True
+        assert gates.admits("m1", None) is True
+
+
+def test_a_capped_model_at_its_cap_hides_no_other_work(store: Store) -> None:
+    """More queued attempts of a model at its max_concurrent than a claimer looks at: they are
+    left out before the claimer looks, so another model's attempt behind them is still taken."""
+    from sqlalchemy import update
+
+    from apg_farm.store import claim_next, claims
+
+    capped = parse_sweep(
+        {
+            "name": "capped",
+            "tasks": ["a"],
+            "models": ["m1"],
+            "trials": claims._CANDIDATES + 6,
+            "max_concurrent": {"m1": 1},
+        }
+    )
+    capped_id = submit(store, capped).sweep_id
+    other_id = submit(
+        store, parse_sweep({"name": "other", "tasks": ["a"], "models": ["m2"], "trials": 1})
+    ).sweep_id
+    with store.session() as session:
+        # Behind every attempt of the capped model in the queue.
+        session.execute(update(Attempt).where(Attempt.sweep_id == other_id).values(seq=10_000))
+        beds = []
+        for name in ("b1", "b2"):
+            bed = Bed(
+                name=name,
+                approot="/tmp/x",
+                ddev="ddev",
+                fixtures=["canvas_home", "kb_docs"],
+                pool="canvas_home,kb_docs",
+                env={},
+                escrow_set="/srv/escrow/x",
+                escrow_files={"escrow-verify.sh": "0" * 64},
+                ddev_files={},
+            )
+            session.add(bed)
+            session.flush()
+            beds.append(bed.id)
+    first = claim_next(store, beds[0], lease_seconds=60, worker="t")
+    assert first is not None and (first.sweep_id, first.model) == (capped_id, "m1")
+    second = claim_next(store, beds[1], lease_seconds=60, worker="t")
+    assert second is not None and (second.sweep_id, second.model) == (other_id, "m2")
 
 
 def test_a_failed_probe_doubles_the_pause_and_a_burst_counts_once(store: Store) -> None:

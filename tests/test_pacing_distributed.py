@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import publish_attempts, reconcile, submit, sweep_status
 from sqlalchemy import func, select
 
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import publish_attempts, reconcile, submit, sweep_status
 from apg_farm.store import Attempt, AttemptState, Execution, Store, set_sweep_budget
 from tests.celery_farm import LEASE, assert_counted_once_and_no_overlap, celery_app, wait_done
 from tests.services import RedisServer, Workers

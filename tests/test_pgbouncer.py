@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import func, select
 
 from apg_farm.contract import Outcome
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, AttemptState, Store, normalize_url
+from apg_farm.workers import EmbeddedExecutor
 from tests.conftest import PG_URL
 from tests.services import free_port, need
 from tests.simbeds import make_beds, spec

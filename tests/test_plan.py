@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from apg_farm.scheduler import expand, submit
 from sqlalchemy import func, select
 
 from apg_farm.errors import BadInput
+from apg_farm.scheduler import expand, submit
 from apg_farm.specs import parse_sweep
 from apg_farm.store import Attempt, Store
 

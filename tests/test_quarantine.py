@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import AttemptEngine, AttemptReport, EmbeddedExecutor
 from sqlalchemy import select, update
 
 from apg_farm.beds import NewBed, add_bed, get_bed, run_escrow, run_provision
 from apg_farm.contract import UNESCROWED, Outcome
+from apg_farm.fixtures import simbed
 from apg_farm.results import find_sweep, sweep_report
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Bed, BedState, Execution, Phase, Store, Sweep, SweepState
 from apg_farm.transports import CommandResult, LocalTransport
+from apg_farm.workers import AttemptEngine, AttemptReport, EmbeddedExecutor
 from tests.simbeds import TEST_TIME_SCALE, make_beds, spec
 from tests.test_cli import farm
 

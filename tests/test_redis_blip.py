@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 import redis as redis_client
-from apg_farm.scheduler import pool_queue, publish_attempts, reconcile, submit
-from apg_farm.workers import make_app
 from kombu.connection import Connection
 from sqlalchemy import select
 
+from apg_farm.scheduler import pool_queue, publish_attempts, reconcile, submit
 from apg_farm.settings import Settings
 from apg_farm.store import Attempt, Bed, BedState, Execution, Phase, Store
+from apg_farm.workers import make_app
 from tests.celery_farm import LEASE, assert_counted_once_and_no_overlap, celery_env
 from tests.services import RedisServer, Workers, sweep_done
 from tests.simbeds import make_beds, spec

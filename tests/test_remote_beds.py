@@ -8,14 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import AttemptEngine, EmbeddedExecutor
 from sqlalchemy import select
 
 from apg_farm.beds import get_bed
 from apg_farm.contract import Outcome
+from apg_farm.fixtures import simbed
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, AttemptState, Bed, BedState, Execution, Phase, Store
+from apg_farm.workers import AttemptEngine, EmbeddedExecutor
 from tests.remotebeds import outcome_counts, remote_beds, remote_config
 from tests.simbeds import make_beds, spec
 from tests.sshd import SshHost, start_sshd

@@ -163,7 +163,6 @@ def _bed_with_runs_replaced(tmp_path: Path, *, when: str) -> tuple[object, int, 
     """One simulated bed whose runs/ folder becomes a regular file `when` ("before" the attempt,
     or "after" the run, as an agent would do it)."""
     from apg_farm.scheduler import submit
-
     from apg_farm.store import Store
     from tests.simbeds import make_beds, spec
     from tests.test_quarantine import Operator
@@ -190,11 +189,10 @@ def test_a_failed_listing_is_an_infrastructure_failure(tmp_path: Path) -> None:
     """runs/ that cannot be listed before the run is never read as empty: an infrastructure
     failure, and the bed is quarantined (runs/ survives resets). Broken by the agent during its
     run, it is no way out: the live site is graded and the bed quarantined."""
-    from apg_farm.workers import AttemptEngine
-
     from apg_farm.beds import get_bed
     from apg_farm.contract import Outcome
     from apg_farm.store import BedState
+    from apg_farm.workers import AttemptEngine
 
     store, sweep_id, name, transport = _bed_with_runs_replaced(tmp_path / "a", when="before")
     report = AttemptEngine(store, name, worker="w", transport=transport).run_next(sweep_id=sweep_id)

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import redis as redis_client
 import sqlalchemy as sa
-from apg_farm.scheduler import attempt_of, pool_queue, publish_attempts, reconcile, submit
-from apg_farm.scheduler.broker_view import attempts_with_messages
-from apg_farm.workers import make_app
 from sqlalchemy import func, select, update
 
+from apg_farm.scheduler import attempt_of, pool_queue, publish_attempts, reconcile, submit
+from apg_farm.scheduler.broker_view import attempts_with_messages
 from apg_farm.settings import Settings
 from apg_farm.specs import SweepSpec, parse_sweep
 from apg_farm.store import Attempt, Store
+from apg_farm.workers import make_app
 from tests.services import RedisServer, redis_server
 
 

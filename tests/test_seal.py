@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import select, update
 
 from apg_farm.errors import BadInput
 from apg_farm.results import SealedSweep, artifacts, seal, verify_seal
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, AttemptState, Execution, Phase, Store, Sweep, claim_next
+from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import make_beds, spec
 
 
@@ -135,3 +135,22 @@ def test_seal_refuses_unfinished_and_resealing(
         seal(store, finished.id, directory=tmp_path)
     again = seal(store, finished.id, directory=tmp_path, replace=True)
     assert again.artifacts > 0 and verify_seal(store, _sweep(store, "sealme")).ok
+
+
+def test_a_cancelled_sealed_sweep_is_still_sealed(
+    store: Store, finished: Sweep, tmp_path: Path
+) -> None:
+    """Sealed is sealed whatever the sweep's state: after a cancel, retry (the command's and the
+    dashboard's) and the check itself refuse it as sealed, not merely as cancelled."""
+    from apg_farm.dashboard.actions import retry
+    from apg_farm.results import refuse_if_sealed
+    from apg_farm.scheduler import cancel_sweep
+
+    seal(store, finished.id, directory=tmp_path)
+    cancel_sweep(store, finished.id)
+    sealed = _sweep(store, "sealme")
+    assert sealed.state == "cancelled" and sealed.sealed_at is not None
+    with pytest.raises(SealedSweep, match="sealed"):
+        refuse_if_sealed(sealed)
+    with pytest.raises(SealedSweep, match="sealed"):
+        retry(store, finished.id, ["error", "invalid"])

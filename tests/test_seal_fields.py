@@ -22,11 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apg_farm.fixtures import simbed
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import delete, func, insert, select, text, update
 
+from apg_farm.fixtures import simbed
 from apg_farm.results import seal, verify_seal
 from apg_farm.results.sealing import (
     FORMAT,
@@ -35,7 +33,9 @@ from apg_farm.results.sealing import (
     Verification,
     check_manifest,
 )
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Base, Execution, Phase, Store, Sweep, utcnow
+from apg_farm.workers import EmbeddedExecutor
 from tests.conftest import _postgres_store
 from tests.simbeds import make_beds, spec
 

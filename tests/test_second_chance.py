@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 
 from apg_farm.cli.analysis import second_chance_table
 from apg_farm.errors import BadInput
@@ -29,7 +27,9 @@ from apg_farm.results import (
 )
 from apg_farm.results.second_chance import KINDS, rerun_kind, rerun_kind_sql
 from apg_farm.results.stats import wilson
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store, Sweep, utcnow
+from apg_farm.workers import EmbeddedExecutor
 from tests.cli_runner import run_main
 from tests.simbeds import make_beds, spec
 

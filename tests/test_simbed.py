@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft7Validator
+
+from apg_farm.contract.usage import read_usage
 from apg_farm.fixtures.simbed import (
     DATASET_REL,
     DEFAULT_MODELS,
@@ -32,9 +35,6 @@ from apg_farm.fixtures.simbed import (
     write_faults,
 )
 from apg_farm.fixtures.simbed.hooks import parse_hooks
-from jsonschema import Draft7Validator
-
-from apg_farm.contract.usage import read_usage
 
 SCHEMA_PATH = (
     Path(__file__).resolve().parents[1]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from apg_farm.fixtures.simbed import (
     DEFAULT_MODELS,
     DEFAULT_WEB_COMMANDS,
@@ -35,7 +36,6 @@ from apg_farm.fixtures.simbed import (
     write_faults,
 )
 from apg_farm.fixtures.simbed.hooks import load_web_environment, parse_string_list
-
 from tests.test_simbed import FAST, Result, SimBed, farm_env, run_id_from
 
 IN_CI = bool(os.environ.get("CI"))

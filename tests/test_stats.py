@@ -249,6 +249,50 @@ def test_newcombe_paired_published_value() -> None:
     assert diff.high == pytest.approx(-0.0046, abs=5e-5)
 
 
+#: Newcombe (1998), "Improved confidence intervals for the difference between binomial
+#: proportions based on paired data", Statistics in Medicine 17:2635-2650, Table III: method 10
+#: at 95 % for paired tables (e, f, g, h) = (both, first only, second only, neither), theta =
+#: (f - g) / n, limits as printed (4 dp). The rows span every branch of the correlation's
+#: correction: ad - bc < 0, = 0, in (0, n/2] (phi is 0: the continuity correction swallows it)
+#: and > n/2 (phi from ad - bc - n/2). (1, 97, 1, 1) is left out: its printed lower limit is
+#: method 8's rounding (0.8736; method 10 computes 0.87367).
+NEWCOMBE_1998_TABLE_III = (
+    ((36, 12, 2, 0), (0.0569, 0.3404)),
+    ((20, 12, 2, 16), (0.0562, 0.3292)),
+    ((18, 12, 2, 18), (0.0562, 0.3290)),
+    ((36, 14, 0, 0), (0.1528, 0.4167)),
+    ((35, 14, 0, 1), (0.1461, 0.4175)),
+    ((18, 14, 0, 18), (0.1441, 0.3963)),
+    ((2, 97, 1, 0), (0.8721, 0.9854)),
+    ((0, 29, 1, 0), (0.6666, 0.9882)),
+    ((2, 98, 0, 0), (0.9178, 0.9945)),
+    ((1, 98, 0, 1), (0.9171, 0.9916)),
+    ((0, 30, 0, 0), (0.8395, 1.0)),
+    ((54, 0, 0, 0), (-0.0664, 0.0664)),
+    ((53, 0, 0, 1), (-0.0729, 0.0729)),
+    ((30, 0, 0, 24), (-0.0358, 0.0358)),
+    ((29, 0, 0, 25), (-0.0354, 0.0354)),
+    ((28, 0, 0, 26), (-0.0352, 0.0352)),
+    ((27, 0, 0, 27), (-0.0351, 0.0351)),
+)
+
+
+def test_newcombe_paired_reproduces_newcombe_1998_table() -> None:
+    """Every row of Newcombe's worked table, to the 4 dp printed; (1, 98, 0, 1) is the row with
+    0 < ad - bc <= n/2, where the correction sets phi to 0, and (53, 0, 0, 1), (35, 14, 0, 1) are
+    rows where it only shrinks ad - bc by n/2."""
+    branches = set()
+    for (a, b, c, d), (low, high) in NEWCOMBE_1998_TABLE_III:
+        n, cross = a + b + c + d, a * d - b * c
+        branches.add(
+            "neg" if cross < 0 else "zero" if cross == 0 else "small" if cross <= n / 2 else "big"
+        )
+        diff = newcombe_paired(a, b, c, d)
+        assert diff.estimate == pytest.approx((b - c) / n)
+        assert (round(diff.low, 4), round(diff.high, 4)) == (low, high), (a, b, c, d)
+    assert branches == {"neg", "zero", "small", "big"}
+
+
 def test_newcombe_paired_edges() -> None:
     """n = 0 knows nothing; identical outcomes give a zero difference inside a proper interval."""
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from apg_farm.scheduler import submit
 from sqlalchemy.exc import IntegrityError
 
 from apg_farm.errors import BadInput, StoreError
+from apg_farm.scheduler import submit
 from apg_farm.specs import parse_sweep
 from apg_farm.store import (
     Attempt,
@@ -22,6 +24,7 @@ from apg_farm.store import (
     Execution,
     Store,
     claim_next,
+    claims,
     renew_lease,
     requeue_expired,
 )
@@ -120,20 +123,45 @@ def test_concurrent_claims_take_each_attempt_once(store: Store) -> None:
     assert len(set(taken)) == 20
 
 
-def test_a_bed_holds_one_claim_at_a_time(store: Store) -> None:
-    """Two claimers for one bed (two executors, two workers): only one claim is live at a time."""
-    _sweep(store, trials=5)
+def test_a_bed_holds_one_claim_at_a_time(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two claimers for one bed (two executors, two workers): only one claim is live at a time,
+    and none of them fails: the bed row's lock makes the others wait, then find the bed busy."""
+    # More queued attempts than one claimer locks as its candidates, so the others find some.
+    _sweep(store, trials=claims._CANDIDATES // 4 + 2)
     bed = _bed(store, "b1")
+    busy = claims._busy
+
+    def slow_busy(*args: Any, **kwargs: Any) -> bool:
+        # The window between "the bed holds nothing" and the claim's UPDATE, held open: without
+        # the bed row's lock every claimer would find the bed idle and race to the UPDATE.
+        found = busy(*args, **kwargs)
+        time.sleep(0.2)
+        return found
+
+    monkeypatch.setattr(claims, "_busy", slow_busy)
     results: list[object] = []
+    lock = threading.Lock()
+    start = threading.Barrier(6)
 
     def claimer() -> None:
-        results.append(claim_next(store, bed, lease_seconds=60, worker="t"))
+        # Every thread's end is counted, an exception too: a claimer the database refuses (a
+        # second running attempt on the bed) must not vanish as a thread that died quietly.
+        start.wait()
+        try:
+            outcome: object = claim_next(store, bed, lease_seconds=60, worker="t")
+        except Exception as error:
+            outcome = error
+        with lock:
+            results.append(outcome)
 
     threads = [threading.Thread(target=claimer) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert len(results) == 6
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert errors == []
     assert len([r for r in results if r is not None]) == 1
     # The database refuses a second running attempt on the bed even if a claimer skipped the check.
     with pytest.raises(IntegrityError), store.session() as session:
@@ -173,6 +201,25 @@ def test_expired_lease_returns_to_queue_and_old_holder_cannot_renew(store: Store
     again = claim_next(store, bed, lease_seconds=60, worker="t")
     assert again is not None and again.attempt_id == claim.attempt_id
     assert again.execution_number == 2
+
+
+def test_a_bed_that_lost_its_claim_cannot_renew_another_beds(store: Store) -> None:
+    """A lease that lapsed, was requeued and claimed by another bed belongs to that bed: the
+    first holder's renewal fails (it stops at its next phase), the new holder's succeeds."""
+    _sweep(store, trials=1)
+    first, second = _bed(store, "b1"), _bed(store, "b2")
+    with store.session() as session:
+        # Only the first attempt is left: the second bed must take the very one the first lost.
+        for row in session.scalars(sa.select(Attempt).order_by(Attempt.seq).offset(1)):
+            row.state, row.outcome = AttemptState.DONE, "PASSED"
+    lost = claim_next(store, first, lease_seconds=-1, worker="stalled")
+    assert lost is not None and requeue_expired(store) == 1
+    taken = claim_next(store, second, lease_seconds=60, worker="new")
+    assert taken is not None and taken.attempt_id == lost.attempt_id
+    assert not renew_lease(store, lost, lease_seconds=60)
+    assert renew_lease(store, taken, lease_seconds=60)
+    with store.session() as session:
+        assert session.get_one(Attempt, lost.attempt_id).bed_id == second
 
 
 def test_claim_prefers_other_beds_for_a_retry(store: Store) -> None:

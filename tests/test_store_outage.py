@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from apg_farm.scheduler import publish_attempts, submit
 from sqlalchemy import func, select
 
+from apg_farm.scheduler import publish_attempts, submit
 from apg_farm.store import Attempt, Execution, Store, is_transient, normalize_url
 from tests.celery_farm import assert_counted_once_and_no_overlap, celery_app, celery_env, wait_done
 from tests.pg_server import PostgresServer

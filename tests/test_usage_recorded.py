@@ -7,12 +7,12 @@ import io
 from pathlib import Path
 
 import pytest
-from apg_farm.scheduler import submit
-from apg_farm.workers import EmbeddedExecutor
 from sqlalchemy import func, select
 
 from apg_farm.results import analyse, find_sweep, report_csv
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Execution, Store
+from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import make_beds, spec
 
 

@@ -7,13 +7,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from apg_farm.scheduler import submit
-from apg_farm.workers import AttemptEngine
 from rich.console import Console
 from sqlalchemy import update
 
 from apg_farm.results import render_watch, watch_snapshot
+from apg_farm.scheduler import submit
 from apg_farm.store import Bed, BedState, Execution, Phase, Store, claim_next, utcnow
+from apg_farm.workers import AttemptEngine
 from tests.simbeds import make_beds, spec
 
 

@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from apg_farm.workers.engine import AttemptEngine, AttemptReport
 from sqlalchemy import func, select
 
 from apg_farm.defaults import IDLE_POLL_SECONDS, LEASE_SECONDS
@@ -24,6 +23,7 @@ from apg_farm.store import (
     stopped_by_budget,
 )
 from apg_farm.transports import Transport
+from apg_farm.workers.engine import AttemptEngine, AttemptReport
 
 
 @dataclass

@@ -15,9 +15,9 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from apg_farm.scheduler import HEARTBEAT_SECONDS, LIVE_WITHIN
 from sqlalchemy import and_, delete, func, or_, select, update
 
+from apg_farm.scheduler import HEARTBEAT_SECONDS, LIVE_WITHIN
 from apg_farm.store import Bed, Store, WorkerBeat, rowcount, utcnow
 
 log = logging.getLogger(__name__)

@@ -8,18 +8,6 @@ import time
 from datetime import datetime
 from typing import Any
 
-from apg_farm.scheduler import (
-    BED_MAINTENANCE,
-    MAINTENANCE_EXPIRY,
-    RUN_ATTEMPT,
-    maintenance_time_limits,
-    pool_queue,
-    publish_attempts,
-    store_now,
-)
-from apg_farm.workers.celery_app import WORKER_BED
-from apg_farm.workers.engine import AttemptEngine, AttemptReport
-from apg_farm.workers.heartbeat import Heartbeat, worker_name
 from celery import Celery, Task, shared_task
 from celery.signals import worker_process_init, worker_process_shutdown
 from kombu.exceptions import KombuError
@@ -33,6 +21,15 @@ from apg_farm.beds import (
     record_event,
     run_provision,
 )
+from apg_farm.scheduler import (
+    BED_MAINTENANCE,
+    MAINTENANCE_EXPIRY,
+    RUN_ATTEMPT,
+    maintenance_time_limits,
+    pool_queue,
+    publish_attempts,
+    store_now,
+)
 from apg_farm.settings import load_settings
 from apg_farm.store import (
     BedState,
@@ -42,6 +39,9 @@ from apg_farm.store import (
     Why,
     is_transient,
 )
+from apg_farm.workers.celery_app import WORKER_BED
+from apg_farm.workers.engine import AttemptEngine, AttemptReport
+from apg_farm.workers.heartbeat import Heartbeat, worker_name
 
 log = logging.getLogger(__name__)
 

@@ -386,8 +386,12 @@ def judge_verify_after(output: PhaseOutput) -> Verdict:
         )
     mismatch = _token_list(output, Effect.MISMATCH, "verify")
     # A baseline mismatch after the run is TAMPERED even when the verifier exits 0 with it.
-    if output.exit_code != 0 or mismatch:
-        detail = mismatch or f"exit {output.exit_code}"
+    # So is a repair: the verify after the run never asks for --restore, and a verifier that
+    # restored something anyway (and may print only APG_ESCROW_RESTORED, exit 0) found a
+    # baseline file changed during the run.
+    restored = "APG_ESCROW_RESTORED" in _own(output, "verify")
+    if output.exit_code != 0 or mismatch or restored:
+        detail = mismatch or ("APG_ESCROW_RESTORED" if restored else f"exit {output.exit_code}")
         return _final(Outcome.TAMPERED, f"verify after the run failed: {detail}")
     return CONTINUE
 

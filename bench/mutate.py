@@ -1,0 +1,694 @@
+"""apg-farm's own mutation test of its safety lines (standard library only).
+
+Each mutant is one small, plausible bug: a file, an exact snippet of it and what replaces it, and
+the test node ids that should catch it. The tool plants one mutant at a time in the working
+tree, runs its tests (`pytest -x -q`) and puts the file back (in a `finally`, also on Ctrl-C or
+SIGTERM), then prints per module: mutants, killed, survived, score.
+
+    .venv/bin/python bench/mutate.py                    # every mutant
+    .venv/bin/python bench/mutate.py --list             # names, files and tests, nothing run
+    .venv/bin/python bench/mutate.py --only claim-no-bed-lock,flood-needs-two
+    .venv/bin/python bench/mutate.py --module apg_farm/store/claims.py --json out.json
+    .venv/bin/python bench/mutate.py --baseline         # first: every listed test passes unmutated
+
+A mutant is killed when its tests fail (or time out); it survives when they pass. Set
+APG_FARM_TEST_DATABASE_URL so the tests that need PostgreSQL run (the bed-lock mutant is only
+seen there); without it those tests skip and their mutants survive. A planted file gets an
+mtime of its own and no bytecode is written while it is planted, so a stale .pyc of the original
+never runs in the mutant's place (nor the mutant's afterwards). See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OUTCOMES = "apg_farm/contract/outcomes.py"
+ENVELOPE = "apg_farm/contract/envelope.py"
+COMMANDS = "apg_farm/contract/commands.py"
+CLAIMS = "apg_farm/store/claims.py"
+PACING = "apg_farm/store/pacing.py"
+SEALING = "apg_farm/results/sealing.py"
+AUTH = "apg_farm/dashboard/auth.py"
+STATS = "apg_farm/results/stats.py"
+ENGINE = "workers/engine.py"
+
+T_OUTCOMES = "tests/test_outcomes.py"
+T_ENVELOPE = "tests/test_envelope.py"
+T_CONTRACT = "tests/test_contract.py"
+T_STORE = "tests/test_store.py"
+T_CLAIMS = "tests/test_claim_branches.py"
+T_PACING = "tests/test_pacing.py"
+T_SEAL = "tests/test_seal.py"
+T_DASH = "tests/test_dashboard.py"
+T_STATS = "tests/test_stats.py"
+T_ENGINE = "tests/test_engine.py"
+T_ATTACKS = "tests/test_attacks.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: `old` (which must occur exactly once in `file`) becomes `new`."""
+
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    #: Why this mutant cannot be told from the original, when it is equivalent (then a survivor
+    #: is reported as such and left out of the score).
+    equivalent: str | None = None
+
+
+def m(
+    name: str, file: str, old: str, new: str, *tests: str, equivalent: str | None = None
+) -> Mutant:
+    return Mutant(name, file, old, new, tuple(tests), equivalent)
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # --- the survivors of issue 19's review, each with the test that now kills it -----------
+    m(
+        "verify-after-restores",
+        ENGINE,
+        'self._phase("verify_after", self._verify(restore=False)',
+        'self._phase("verify_after", self._verify(restore=True)',
+        f"{T_ENGINE}::test_a_baseline_file_edited_during_the_run_is_tampered_and_left_as_evidence[sqlite]",
+    ),
+    m(
+        "task-prefix-without-slash",
+        ENVELOPE,
+        'r["evaluation_result_id"].startswith(f"{task}/")',
+        'r["evaluation_result_id"].startswith(task)',
+        f"{T_ENVELOPE}::test_a_task_whose_id_extends_another_is_not_it",
+    ),
+    m(
+        "ddev-line-on-any-rc",
+        COMMANDS,
+        "elif rc == 1 and failure is not None and failure.status != 0:",
+        "elif failure is not None and failure.status != 0:",
+        f"{T_CONTRACT}::test_a_failure_line_is_read_only_behind_rc_1",
+        f"{T_OUTCOMES}::test_a_grade_that_exited_0_is_judged_whatever_its_stderr_says",
+    ),
+    m(
+        "escrow-check-exit-1-no-changes",
+        OUTCOMES,
+        "    if output.exit_code != 0 or changes is None:\n"
+        '        return _retry(f"escrow check could not hash',
+        '    if changes is None:\n        return _retry(f"escrow check could not hash',
+        f"{T_OUTCOMES}::test_the_escrow_check_continues_only_on_exit_0_with_nothing_changed",
+    ),
+    m(
+        "flood-needs-two",
+        OUTCOMES,
+        '"may hide among them; read the run\'s transcript and revoke the token if it leaked"\n'
+        "        if tokens_dropped\n",
+        '"may hide among them; read the run\'s transcript and revoke the token if it leaked"\n'
+        "        if tokens_dropped > 1\n",
+        f"{T_OUTCOMES}::test_one_dropped_token_line_is_a_flood",
+    ),
+    m(
+        "no-attempt-only-at-min-score",
+        OUTCOMES,
+        "    if agent_failed:\n        return _final(\n            Outcome.NO_ATTEMPT,",
+        "    if agent_failed and grade.score == grade.min_score:\n"
+        "        return _final(\n            Outcome.NO_ATTEMPT,",
+        f"{T_OUTCOMES}::test_an_agent_failure_with_a_partial_score_is_no_attempt",
+    ),
+    m(
+        "claim-no-bed-lock",
+        CLAIMS,
+        "bed = session.get(Bed, bed_id, with_for_update=not store.is_sqlite)",
+        "bed = session.get(Bed, bed_id, with_for_update=False)",
+        f"{T_STORE}::test_a_bed_holds_one_claim_at_a_time[postgresql]",
+    ),
+    m(
+        "requeue-keeps-dead-bed",
+        CLAIMS,
+        "            attempt.excluded_beds = sorted({*(attempt.excluded_beds or []), attempt.bed_id})\n",
+        "",
+        f"{T_CLAIMS}::test_an_expired_lease_sends_the_attempt_to_another_bed[sqlite]",
+    ),
+    m(
+        "claim-without-ddev-fingerprint",
+        CLAIMS,
+        "if (bed.escrow_set and not bed.escrow_files) or bed.ddev_files is None:",
+        "if bed.escrow_set and not bed.escrow_files:",
+        f"{T_CLAIMS}::test_a_bed_with_an_escrow_set_but_no_ddev_fingerprint_takes_nothing[sqlite]",
+    ),
+    m(
+        "farm-budget-exactly-spent",
+        PACING,
+        "if used >= limits[scope]:",
+        "if used > limits[scope]:",
+        f"{T_PACING}::test_spend_exactly_at_a_budget_stops_the_claim[sqlite]",
+    ),
+    m(
+        "sweep-budget-exactly-spent",
+        PACING,
+        "or_(Sweep.budget_usd.is_(None), Sweep.spent_usd < Sweep.budget_usd)",
+        "or_(Sweep.budget_usd.is_(None), Sweep.spent_usd <= Sweep.budget_usd)",
+        f"{T_PACING}::test_spend_exactly_at_a_budget_stops_the_claim[sqlite]",
+    ),
+    m(
+        "sealed-only-while-open",
+        SEALING,
+        "    if sweep.sealed_at is not None:\n        raise SealedSweep(",
+        "    if sweep.sealed_at is not None and sweep.state == 'open':\n        raise SealedSweep(",
+        f"{T_SEAL}::test_a_cancelled_sealed_sweep_is_still_sealed[sqlite]",
+    ),
+    m(
+        "csrf-compared-with-eq",
+        AUTH,
+        "return hmac.compare_digest(submitted, self.csrf_token(nonce))",
+        "return submitted == self.csrf_token(nonce)",
+        f"{T_DASH}::test_every_secret_is_compared_in_constant_time",
+    ),
+    m(
+        "token-file-group-readable",
+        AUTH,
+        "if mode & 0o077:",
+        "if mode & 0o007:",
+        f"{T_DASH}::test_a_token_file_others_can_read_is_refused",
+    ),
+    m(
+        "bare-authorization-header",
+        AUTH,
+        '        if not header or not header.startswith("Bearer "):\n            return False\n'
+        '        return self.token_matches(header[len("Bearer ") :])',
+        "        if not header:\n            return False\n"
+        '        return self.token_matches(header.removeprefix("Bearer "))',
+        f"{T_DASH}::test_only_a_bearer_header_carries_the_token",
+    ),
+    m(
+        "newcombe-correction-from-zero",
+        STATS,
+        "if cross > n / 2:",
+        "if cross > 0:",
+        f"{T_STATS}::test_newcombe_paired_reproduces_newcombe_1998_table",
+    ),
+    # --- more plausible bugs in the safety modules --------------------------------------------
+    # outcomes.py: the policy
+    m(
+        "verify-after-ignores-exit",
+        OUTCOMES,
+        "    if output.exit_code != 0 or mismatch or restored:",
+        "    if mismatch or restored:",
+        f"{T_OUTCOMES}::test_verify_after_is_tampered_on_any_failure",
+    ),
+    m(
+        "verify-after-repair-passes",
+        OUTCOMES,
+        "    if output.exit_code != 0 or mismatch or restored:",
+        "    if output.exit_code != 0 or mismatch:",
+        f"{T_OUTCOMES}::test_a_repair_after_the_run_is_tampered",
+    ),
+    m(
+        "stray-skip-token-overrides-verdict",
+        OUTCOMES,
+        "if output.exit_code == 3 or (Effect.SKIP in found and output.exit_code != 0):",
+        "if output.exit_code == 3 or Effect.SKIP in found:",
+        f"{T_OUTCOMES}::test_a_stray_skip_token_does_not_override_an_emitted_verdict",
+    ),
+    m(
+        "foreign-tokens-count",
+        OUTCOMES,
+        "if t.name in TOKENS and TOKENS[t.name].command == command]",
+        "if t.name in TOKENS]",
+        f"{T_OUTCOMES}::test_tokens_count_only_in_the_phase_that_prints_them",
+    ),
+    m(
+        "run-link-drop-believed",
+        OUTCOMES,
+        "verdict = replace(verdict, claim=True, link_failure=False)",
+        "verdict = replace(verdict, claim=True)",
+        f"{T_OUTCOMES}::test_a_run_timeout_and_a_dropped_link_during_the_run_are_claims",
+    ),
+    m(
+        "claim-believed-however-long",
+        OUTCOMES,
+        "fast = run_seconds <= window",
+        "fast = run_seconds >= 0",
+        f"{T_OUTCOMES}::test_a_start_failure_is_a_claim_the_site_decides",
+        f"{T_OUTCOMES}::test_a_run_timeout_and_a_dropped_link_during_the_run_are_claims",
+    ),
+    m(
+        "after-agent-retries-everything",
+        OUTCOMES,
+        'if verdict.action != "retry" or verdict.link_failure:',
+        'if verdict.action != "retry" or not verdict.link_failure:',
+        f"{T_OUTCOMES}::test_a_check_after_the_run_that_cannot_complete_counts_against_the_agent",
+    ),
+    m(
+        "baseline-grade-forgets-agent-failure",
+        OUTCOMES,
+        "outcome = Outcome.NO_ATTEMPT if agent_failed else Outcome.FAILED",
+        "outcome = Outcome.FAILED",
+        f"{T_OUTCOMES}::test_a_grade_without_a_verdict_after_the_run_is_decided_at_baseline",
+    ),
+    m(
+        "leak-quarantine-dropped",
+        OUTCOMES,
+        "return with_quarantine(with_quarantine(verdict, security), flood)",
+        "return with_quarantine(verdict, flood)",
+        f"{T_OUTCOMES}::test_a_leaked_token_quarantines_on_every_path",
+    ),
+    m(
+        "ddev-change-after-run-retried",
+        OUTCOMES,
+        "    if after_run:\n        # Only the agent ran",
+        "    if after_run and changes:\n        # Only the agent ran",
+        f"{T_OUTCOMES}::test_a_changed_ddev_configuration",
+    ),
+    # envelope.py: the envelope is about this attempt
+    m(
+        "run-id-suffix-without-boundary",
+        ENVELOPE,
+        'return before == "" or not before[-1].isalnum()',
+        "return True",
+        f"{T_ENVELOPE}::test_run_id_suffix_needs_boundary",
+    ),
+    m(
+        "two-providers-match",
+        ENVELOPE,
+        "    provider, name = _split_model(model)\n    id_provider, id_name = _split_model(model_id)\n"
+        "    if provider and id_provider and provider != id_provider:\n        return False\n",
+        "    provider, name = _split_model(model)\n    id_provider, id_name = _split_model(model_id)\n",
+        f"{T_ENVELOPE}::test_model_matching_rule",
+    ),
+    m(
+        "score-above-max-accepted",
+        ENVELOPE,
+        "if not low <= score <= high:",
+        "if not low <= score:",
+        f"{T_ENVELOPE}::test_score_above_max",
+    ),
+    m(
+        "apg-run-id-unchecked",
+        ENVELOPE,
+        "if apg_run_id is not None and apg_run_id != run_id:",
+        "if apg_run_id is not None and not apg_run_id.startswith(run_id[:4]):",
+        f"{T_ENVELOPE}::test_wrong_run_apg_run_id",
+    ),
+    m(
+        "duplicate-keys-accepted",
+        ENVELOPE,
+        '        if key in obj:\n            raise ValueError(f"duplicate key',
+        '        if key in obj and obj[key] == value:\n            raise ValueError(f"duplicate key',
+        f"{T_ENVELOPE}::test_not_json",
+    ),
+    m(
+        "grade-task-from-the-request",
+        ENVELOPE,
+        'task=result["evaluation_name"],',
+        "task=task,",
+        f"{T_ENVELOPE}::test_mutated_envelopes_never_crash",
+    ),
+    # claims.py: the claim
+    m(
+        "poisoned-one-delivery-late",
+        CLAIMS,
+        ">= spec.retries + 1 + EXTRA_DELIVERIES",
+        "> spec.retries + 1 + EXTRA_DELIVERIES",
+        f"{T_CLAIMS}::test_an_attempt_delivered_past_its_bound_ends_error[sqlite]",
+    ),
+    m(
+        "hand-back-one-late",
+        CLAIMS,
+        "or handed_back >= HAND_BACK_LIMIT",
+        "or handed_back > HAND_BACK_LIMIT",
+        f"{T_CLAIMS}::test_a_retry_handed_back_enough_times_goes_to_any_bed[sqlite]",
+    ),
+    m(
+        "sealed-sweep-claimed",
+        CLAIMS,
+        "            .where(Sweep.sealed_at.is_(None))\n",
+        "",
+        f"{T_SEAL}::test_sealed_sweep_takes_no_new_executions[sqlite]",
+    ),
+    m(
+        "lost-lease-not-counted",
+        CLAIMS,
+        "            _count_bed_failure(session, attempt.bed_id)\n",
+        "",
+        f"{T_CLAIMS}::test_lost_leases_in_a_row_quarantine_the_bed[sqlite]",
+    ),
+    m(
+        "renew-for-any-bed",
+        CLAIMS,
+        "                    Attempt.bed_id == claim.bed_id,\n",
+        "",
+        f"{T_STORE}::test_a_bed_that_lost_its_claim_cannot_renew_another_beds[sqlite]",
+    ),
+    m(
+        "unescrowed-bed-claimed",
+        CLAIMS,
+        "if not bed.escrow_set and not bed.untrusted_verifier:",
+        "if not bed.escrow_set and bed.untrusted_verifier is False and bed.escrow_files:",
+        "tests/test_quarantine.py::test_no_unattended_attempt_on_a_bed_without_escrow",
+    ),
+    # pacing.py: budgets, caps, breakers
+    m(
+        "max-concurrent-one-over",
+        PACING,
+        "if limit is not None and running_counts(self.session, [model]).get(model, 0) >= limit:",
+        "if limit is not None and running_counts(self.session, [model]).get(model, 0) > limit:",
+        f"{T_PACING}::test_the_gate_admits_up_to_the_cap_and_not_one_more[sqlite]",
+    ),
+    m(
+        "capacity-prefilter-one-over",
+        PACING,
+        "        if running.get(model, 0) >= limit\n",
+        "        if running.get(model, 0) > limit\n",
+        f"{T_PACING}::test_a_capped_model_at_its_cap_hides_no_other_work[sqlite]",
+    ),
+    m(
+        "back-off-doubles-from-the-first-trip",
+        PACING,
+        "base * 2 ** max(0, trips - 1)",
+        "base * 2 ** max(0, trips)",
+        f"{T_PACING}::test_the_back_off_starts_at_its_base_and_doubles_up_to_its_ceiling",
+    ),
+    m(
+        "breaker-closed-by-an-older-run",
+        PACING,
+        "    if gate.opened_at is not None and started_at < gate.opened_at:\n        return\n",
+        "",
+        f"{T_PACING}::test_a_failed_probe_doubles_the_pause_and_a_burst_counts_once[sqlite]",
+    ),
+    m(
+        "outage-quiet-ignored",
+        PACING,
+        "if since is not None and (now - since).total_seconds() < quiet:",
+        "if since is not None and (now - since).total_seconds() < 0:",
+        f"{T_PACING}::test_an_outage_goes_on_until_a_later_run_ends_clean_and_a_new_one_waits_out_the_quiet[sqlite]",
+    ),
+    # sealing.py: sealed evidence
+    m(
+        "seal-with-queued-attempts",
+        SEALING,
+        "Attempt.state != AttemptState.DONE)",
+        "Attempt.state == AttemptState.RUNNING)",
+        f"{T_SEAL}::test_seal_refuses_unfinished_and_resealing[sqlite]",
+    ),
+    m(
+        "reseal-without-replace",
+        SEALING,
+        "if sweep.sealed_at is not None and not replace:",
+        "if sweep.sealed_at is not None and replace:",
+        f"{T_SEAL}::test_seal_refuses_unfinished_and_resealing[sqlite]",
+    ),
+    m(
+        "manifest-digest-unchecked",
+        SEALING,
+        "if _sha(data) != sweep.seal_sha256:",
+        "if sweep.seal_sha256 is None:",
+        f"{T_SEAL}::test_missing_added_and_manifest_changes[sqlite]",
+    ),
+    m(
+        "changed-artifact-not-named",
+        SEALING,
+        "if sealed[n] != current[n])",
+        "if sealed[n] != sealed[n])",
+        f"{T_SEAL}::test_altered_envelope_is_named[sqlite]",
+    ),
+    # auth.py: who may act
+    m(
+        "session-never-expires",
+        AUTH,
+        "return 0 <= age <= SESSION_SECONDS",
+        "return 0 <= age",
+        f"{T_DASH}::test_sessions_and_csrf_tokens_are_signed_and_bound",
+    ),
+    m(
+        "session-key-not-from-token",
+        AUTH,
+        'self._key = hashlib.sha256(b"apg-farm dashboard v1\\0" + self._token).digest()',
+        'self._key = hashlib.sha256(b"apg-farm dashboard v1\\0").digest()',
+        f"{T_DASH}::test_sessions_and_csrf_tokens_are_signed_and_bound",
+    ),
+    # workers/engine.py: the judging paths
+    m(
+        "grader-hash-read-from-wrong-key",
+        ENGINE,
+        'graded = grade.provenance.get("grader_tree_sha256") if grade else None',
+        'graded = grade.provenance.get("grader_tree") if grade else None',
+        f"{T_ATTACKS}::test_every_attack_ends_as_catalogued[grader_swap]",
+    ),
+    m(
+        "no-baseline-grade-unless-agent-failed",
+        ENGINE,
+        "        if needs_baseline_grade(verdict):\n",
+        "        if needs_baseline_grade(verdict) and run_verdict.agent_failed:\n",
+        f"{T_ATTACKS}::test_every_attack_ends_as_catalogued[game_break_site]",
+    ),
+    m(
+        "killed-run-timed-as-quick",
+        ENGINE,
+        "self.run_seconds = math.inf if result.timed_out else result.duration",
+        "self.run_seconds = result.duration",
+        "tests/test_embedded.py::test_a_hung_run_is_killed_and_scored[sqlite]",
+    ),
+    m(
+        "envelope-model-unchecked",
+        ENGINE,
+        "model=claim.model if (model or run_id) else None,",
+        "model=None,",
+        f"{T_ENGINE}::test_a_grade_stamped_for_another_model_is_graded_again_live[sqlite-no-dataset]",
+    ),
+    m(
+        "checks-after-run-not-counted",
+        ENGINE,
+        "verdict = self._seen(after_agent(verdict) if self.agent_started else verdict)",
+        "verdict = self._seen(verdict)",
+        f"{T_ENGINE}::test_a_verifier_broken_during_the_run_is_counted_against_the_agent[sqlite]",
+    ),
+    # --- what the strengthened fuzz tests say a reader must return ---------------------------
+    m(
+        "tokens-lose-detail",
+        COMMANDS,
+        "tokens.append(Token(m.group(1), m.group(2).strip()))",
+        "tokens.append(Token(m.group(1), m.group(2).strip()[:40]))",
+        f"{T_CONTRACT}::test_random_bytes_never_crash_readers",
+    ),
+    m(
+        "envelope-score-from-wrong-bound",
+        ENVELOPE,
+        "    passed = score == high\n",
+        "    passed = score >= high - 1\n",
+        f"{T_ENVELOPE}::test_mutated_envelopes_never_crash",
+    ),
+)
+
+
+@dataclass
+class Result:
+    mutant: Mutant
+    status: str  # killed, survived, timeout, error
+    seconds: float
+    detail: str = ""
+    tail: list[str] = field(default_factory=list)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    # Raised inside whatever runs now, so the `finally` that restores the file still runs.
+    raise Interrupted(f"signal {signum}")
+
+
+@contextmanager
+def planted(mutant: Mutant) -> Iterator[None]:
+    """The mutant in its file for the duration; the original bytes back afterwards, whatever."""
+    path = ROOT / mutant.file
+    original = path.read_bytes()
+    stamp = path.stat()
+    text = original.decode("utf-8")
+    count = text.count(mutant.old)
+    if count != 1:
+        raise ValueError(f"{mutant.name}: the snippet occurs {count} times in {mutant.file}")
+    try:
+        path.write_bytes(text.replace(mutant.old, mutant.new, 1).encode("utf-8"))
+        # A .pyc is trusted on the source's mtime (whole seconds) and size: give the mutant an
+        # mtime of its own, so the original's cached bytecode is never run in its place.
+        os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns - 7_000_000_000))
+        yield
+    finally:
+        path.write_bytes(original)
+        # Back to the original's mtime too: its cached bytecode stays valid.
+        os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+
+
+def _pytest(tests: tuple[str, ...], timeout: float) -> tuple[int | None, list[str]]:
+    # No bytecode written while a mutant is planted: nothing of it outlives its run.
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        done = subprocess.run(
+            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return None, []
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode, lines[-6:]
+
+
+def run_mutant(mutant: Mutant, timeout: float) -> Result:
+    started = time.monotonic()
+    with planted(mutant):
+        rc, tail = _pytest(mutant.tests, timeout)
+    seconds = time.monotonic() - started
+    if rc is None:
+        return Result(mutant, "timeout", seconds, f"tests ran longer than {timeout:g} s")
+    if rc == 0:
+        skipped = any("skipped" in line for line in tail)
+        return Result(mutant, "survived", seconds, "tests skipped" if skipped else "", tail)
+    if rc == 1:
+        return Result(mutant, "killed", seconds, "", tail)
+    # 2: interrupted, 3: internal error, 4: usage error, 5: no tests collected.
+    return Result(mutant, "error", seconds, f"pytest exit {rc}", tail)
+
+
+def check_all(mutants: tuple[Mutant, ...]) -> list[str]:
+    problems = []
+    for mutant in mutants:
+        text = (ROOT / mutant.file).read_text("utf-8")
+        if text.count(mutant.old) != 1:
+            problems.append(f"{mutant.name}: snippet occurs {text.count(mutant.old)} times")
+        if not mutant.tests:
+            problems.append(f"{mutant.name}: no tests")
+    names = [mutant.name for mutant in mutants]
+    problems += [
+        f"{name}: name used twice" for name in sorted({n for n in names if names.count(n) > 1})
+    ]
+    return problems
+
+
+def summary(results: list[Result]) -> list[str]:
+    modules: dict[str, list[Result]] = {}
+    for result in results:
+        modules.setdefault(result.mutant.file, []).append(result)
+    lines = [
+        "| module | mutants | killed | survived | equivalent | score |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    totals = [0, 0, 0, 0]
+    for module in sorted(modules):
+        rows = modules[module]
+        killed = sum(r.status in ("killed", "timeout") for r in rows)
+        equivalent = sum(r.status == "survived" and r.mutant.equivalent is not None for r in rows)
+        survived = sum(r.status != "killed" and r.status != "timeout" for r in rows) - equivalent
+        counted = len(rows) - equivalent
+        score = f"{100 * killed / counted:.0f} %" if counted else "-"
+        lines.append(
+            f"| `{module}` | {len(rows)} | {killed} | {survived} | {equivalent} | {score} |"
+        )
+        for i, value in enumerate((len(rows), killed, survived, equivalent)):
+            totals[i] += value
+    counted = totals[0] - totals[3]
+    score = f"{100 * totals[1] / counted:.0f} %" if counted else "-"
+    lines.append(f"| **all** | {totals[0]} | {totals[1]} | {totals[2]} | {totals[3]} | {score} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--list", action="store_true", help="list the mutants and run nothing")
+    parser.add_argument("--only", default="", help="comma-separated mutant names")
+    parser.add_argument("--module", default="", help="only the mutants of this file")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's tests")
+    parser.add_argument("--baseline", action="store_true", help="first run every test unmutated")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    chosen = MUTANTS
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",") if name.strip()}
+        unknown = wanted - {mutant.name for mutant in MUTANTS}
+        if unknown:
+            parser.error(f"unknown mutants: {', '.join(sorted(unknown))}")
+        chosen = tuple(mutant for mutant in chosen if mutant.name in wanted)
+    if args.module:
+        chosen = tuple(mutant for mutant in chosen if mutant.file == args.module)
+    problems = check_all(chosen)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 2
+    if args.list:
+        for mutant in chosen:
+            note = f"  (equivalent: {mutant.equivalent})" if mutant.equivalent else ""
+            print(f"{mutant.name}  {mutant.file}{note}")
+            for test in mutant.tests:
+                print(f"    {test}")
+        return 0
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    if args.baseline:
+        tests = tuple(dict.fromkeys(t for mutant in chosen for t in mutant.tests))
+        print(f"baseline: {len(tests)} tests unmutated ...", file=sys.stderr, flush=True)
+        rc, tail = _pytest(tests, args.timeout * 4)
+        if rc != 0:
+            print("\n".join(["baseline failed: fix the suite first", *tail]), file=sys.stderr)
+            return 2
+    results: list[Result] = []
+    try:
+        for index, mutant in enumerate(chosen, 1):
+            result = run_mutant(mutant, args.timeout)
+            results.append(result)
+            extra = f"  {result.detail}" if result.detail else ""
+            print(
+                f"[{index}/{len(chosen)}] {result.status:8} {result.seconds:6.1f} s  "
+                f"{mutant.name} ({mutant.file}){extra}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if result.status in ("survived", "error"):
+                for line in result.tail:
+                    print(f"        {line}", file=sys.stderr)
+    except (KeyboardInterrupt, Interrupted):
+        print("interrupted: the file being mutated was restored", file=sys.stderr)
+        return 130
+    print("\n".join(summary(results)))
+    survivors = [r for r in results if r.status in ("survived", "error")]
+    for result in survivors:
+        why = f": equivalent, {result.mutant.equivalent}" if result.mutant.equivalent else ""
+        print(f"- {result.status}: `{result.mutant.name}` ({result.mutant.file}){why}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "name": r.mutant.name,
+                        "file": r.mutant.file,
+                        "status": r.status,
+                        "seconds": round(r.seconds, 1),
+                        "tests": list(r.mutant.tests),
+                        "equivalent": r.mutant.equivalent,
+                    }
+                    for r in results
+                ],
+                indent=2,
+            )
+            + "\n"
+        )
+    return 1 if any(r.mutant.equivalent is None for r in survivors) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
