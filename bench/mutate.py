@@ -37,7 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 OUTCOMES = "apg_farm/contract/outcomes.py"
 ENVELOPE = "apg_farm/contract/envelope.py"
-COMMANDS = "apg_farm/contract/commands.py"
+OUTPUT = "apg_farm/contract/output.py"
+TOKENS = "apg_farm/contract/tokens.py"
+LIFECYCLE = "apg_farm/store/lifecycle.py"
+RULES = "apg_farm/store/rules.py"
 CLAIMS = "apg_farm/store/claims.py"
 PACING = "apg_farm/store/pacing.py"
 SEALING = "apg_farm/results/sealing.py"
@@ -96,7 +99,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ddev-line-on-any-rc",
-        COMMANDS,
+        OUTPUT,
         "elif rc == 1 and failure is not None and failure.status != 0:",
         "elif failure is not None and failure.status != 0:",
         f"{T_CONTRACT}::test_a_failure_line_is_read_only_behind_rc_1",
@@ -164,7 +167,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sealed-only-while-open",
-        SEALING,
+        LIFECYCLE,
         "    if sweep.sealed_at is not None:\n        raise SealedSweep(",
         "    if sweep.sealed_at is not None and sweep.state == 'open':\n        raise SealedSweep(",
         f"{T_SEAL}::test_a_cancelled_sealed_sweep_is_still_sealed[sqlite]",
@@ -341,7 +344,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "lost-lease-not-counted",
         CLAIMS,
-        "            _count_bed_failure(session, attempt.bed_id)\n",
+        "            count_lost_try(session, attempt.bed_id)\n",
         "",
         f"{T_CLAIMS}::test_lost_leases_in_a_row_quarantine_the_bed[sqlite]",
     ),
@@ -478,7 +481,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- what the strengthened fuzz tests say a reader must return ---------------------------
     m(
         "tokens-lose-detail",
-        COMMANDS,
+        TOKENS,
         "tokens.append(Token(m.group(1), m.group(2).strip()))",
         "tokens.append(Token(m.group(1), m.group(2).strip()[:40]))",
         f"{T_CONTRACT}::test_random_bytes_never_crash_readers",
@@ -489,6 +492,74 @@ MUTANTS: tuple[Mutant, ...] = (
         "    passed = score == high\n",
         "    passed = score >= high - 1\n",
         f"{T_ENVELOPE}::test_mutated_envelopes_never_crash",
+    ),
+    # --- the lifecycle (store/lifecycle.py) and its rules (store/rules.py) --------------------
+    m(
+        "release-a-removed-bed",
+        LIFECYCLE,
+        "        if row.state == BedState.REMOVED:\n            raise NotReleasable(",
+        "        if False:\n            raise NotReleasable(",
+        "tests/test_lifecycle.py::test_a_removed_bed_is_not_released[sqlite]",
+    ),
+    m(
+        "retry-a-sealed-sweep",
+        LIFECYCLE,
+        "        refuse_if_sealed(sweep)\n        if sweep.state != SweepState.OPEN:",
+        "        if sweep.state != SweepState.OPEN:",
+        "tests/test_lifecycle.py::test_a_sealed_sweep_is_not_retried[sqlite-open]",
+    ),
+    m(
+        "cancel-a-sealed-sweep",
+        LIFECYCLE,
+        "        refuse_if_sealed(sweep)\n        sweep.state = SweepState.CANCELLED",
+        "        sweep.state = SweepState.CANCELLED",
+        "tests/test_lifecycle.py::test_a_sealed_sweep_is_not_cancelled[sqlite]",
+    ),
+    m(
+        "claim-on-a-draining-bed",
+        CLAIMS,
+        "        if bed.state != BedState.ACTIVE:\n            return Refusal(",
+        "        if bed.state not in (BedState.ACTIVE, BedState.DRAINING):\n            return Refusal(",
+        "tests/test_lifecycle.py::test_a_bed_that_is_not_active_takes_nothing[sqlite-draining]",
+    ),
+    m(
+        "retry-back-to-the-same-bed",
+        RULES,
+        "    row.excluded_beds = sorted({*(row.excluded_beds or []), bed.id})\n",
+        "",
+        "tests/test_embedded.py::test_faults_are_contained_and_counts_reconcile[sqlite]",
+    ),
+    m(
+        "last-believed-claim-is-error",
+        RULES,
+        "outcome = Outcome.NO_ATTEMPT if verdict.claim else Outcome.ERROR",
+        "outcome = Outcome.ERROR",
+        "tests/test_embedded.py::test_start_failures_everywhere_are_scored_after_the_budget[sqlite]",
+    ),
+    m(
+        "drain-a-bed-that-holds-an-attempt",
+        RULES,
+        "    if bed.state != BedState.DRAINING or holds_attempt(session, bed.id):",
+        "    if bed.state != BedState.DRAINING:",
+        "tests/test_inventory.py::test_removing_a_busy_bed_drains_it_first[sqlite]",
+        equivalent="record_verdict, its only caller, calls it after settle took the attempt off the "
+        "bed, and a bed holds one attempt at a time: the check cannot be false there; it stays "
+        "as the rule's own precondition for a future caller",
+    ),
+    m(
+        "provider-trouble-counts-against-the-bed",
+        RULES,
+        "        row.provider_failures += 1\n",
+        "        row.provider_failures += 1\n        bed.consecutive_errors += 1\n",
+        "tests/test_pacing.py::test_an_outage_on_one_bed_never_quarantines_it[sqlite]",
+        "tests/test_lifecycle.py::test_provider_trouble_leaves_the_beds_failures_in_a_row_alone",
+    ),
+    m(
+        "busy-bed-handed-back",
+        CLAIMS,
+        "            return Refusal(\n                Why.BED_BUSY,",
+        "            return Refusal(\n                Why.EXCLUDED,",
+        "tests/test_lifecycle.py::test_a_bed_holding_a_live_lease_says_so",
     ),
 )
 

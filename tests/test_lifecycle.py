@@ -17,11 +17,14 @@ from apg_farm.store import (
     BedEvent,
     BedState,
     NotReleasable,
+    Refusal,
     SealedSweep,
     Store,
     Sweep,
     SweepState,
+    Why,
     cancel_sweep,
+    claim,
     claim_next,
     release_bed,
     retry_attempts,
@@ -137,3 +140,39 @@ def test_a_bed_that_is_not_active_takes_nothing(
     assert _queued(store, sweep_id) == 1
     _set_bed(store, bed.id, BedState.ACTIVE)
     assert claim_next(store, bed.id, lease_seconds=60, worker="w") is not None
+
+
+def test_a_bed_holding_a_live_lease_says_so(tmp_path: Path) -> None:
+    """The claim's refusal for a bed whose lease still runs (a predecessor that died): bed busy,
+    with the seconds left, which a worker waits out instead of handing the message back."""
+    store = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+    (bed,) = make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=2)).sweep_id
+    held = claim(store, bed.id, lease_seconds=60, worker="dead")
+    assert not isinstance(held, Refusal)
+    with store.read() as session:
+        other = session.scalars(
+            select(Attempt.id).where(Attempt.sweep_id == sweep_id, Attempt.id != held.attempt_id)
+        ).one()
+    refused = claim(store, bed.id, lease_seconds=60, worker="heir", attempt_id=other)
+    assert isinstance(refused, Refusal) and refused.why == Why.BED_BUSY, refused
+    assert refused.retry_in is not None and 50 < refused.retry_in <= 60
+    store.dispose()
+
+
+def test_provider_trouble_leaves_the_beds_failures_in_a_row_alone(tmp_path: Path) -> None:
+    """rules.settle on its own: a provider failure is neither the bed's nor the model's, so the
+    bed's count towards quarantine stays where it was (two more real failures would otherwise
+    quarantine it early) and the attempt waits out a back-off, this bed not excluded."""
+    from apg_farm.contract import Verdict
+    from apg_farm.store.rules import settle
+
+    store = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+    row = Attempt(provider_failures=0, infra_failures=0, excluded_beds=[])
+    bed = Bed(id=7, consecutive_errors=2, state=BedState.ACTIVE)
+    verdict = Verdict("retry", "429 from the provider", provider_trouble="rate_limited")
+    assert settle(row, bed, verdict, retries=2, store=store, delays=(1.0, 2.0)) == (None, None)
+    assert bed.consecutive_errors == 2
+    assert row.state == AttemptState.QUEUED and row.provider_failures == 1
+    assert row.infra_failures == 0 and row.excluded_beds == []
+    store.dispose()
