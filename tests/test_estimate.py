@@ -221,6 +221,8 @@ def test_a_resubmit_is_estimated_for_its_missing_attempts_only(store: Store) -> 
         estimate_sweep(store, _spec("s", ["t1"], ["m1", "m2"], 4))
     with store.session() as session:
         sweep_id = session.scalars(select(Sweep.id).where(Sweep.name == "s")).one()
+        # The lifecycle refuses to cancel a sealed sweep: lift the seal for the cancelled case.
+        session.execute(update(Sweep).where(Sweep.id == sweep_id).values(sealed_at=None))
     cancel_sweep(store, sweep_id)
     with pytest.raises(BadInput, match="cancelled"):
         estimate_sweep(store, wider)

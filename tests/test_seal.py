@@ -144,10 +144,12 @@ def test_a_cancelled_sealed_sweep_is_still_sealed(
     dashboard's) and the check itself refuse it as sealed, not merely as cancelled."""
     from apg_farm.dashboard.actions import retry
     from apg_farm.results import refuse_if_sealed
-    from apg_farm.scheduler import cancel_sweep
+    from apg_farm.store import cancel_sweep
 
-    seal(store, finished.id, directory=tmp_path)
     cancel_sweep(store, finished.id)
+    seal(store, finished.id, directory=tmp_path)
+    with pytest.raises(SealedSweep, match="sealed"):
+        cancel_sweep(store, finished.id)  # its record is closed: not even a second cancel
     sealed = _sweep(store, "sealme")
     assert sealed.state == "cancelled" and sealed.sealed_at is not None
     with pytest.raises(SealedSweep, match="sealed"):
