@@ -35,26 +35,12 @@ from apg_farm.store import (
 from apg_farm.store.claims import HAND_BACK_LIMIT
 from apg_farm.workers import AttemptEngine
 from apg_farm.workers.engine import BedInfo, _Attempt
+from tests.rows import add_bed
 from tests.simbeds import make_beds, spec
 
 
 def _bed(store: Store, name: str) -> int:
-    with store.session() as session:
-        # Escrowed and fingerprinted, as enrolment leaves a bed: the claim refuses any other.
-        bed = Bed(
-            name=name,
-            approot="/tmp/x",
-            ddev="ddev",
-            fixtures=["canvas_home", "kb_docs"],
-            pool="canvas_home,kb_docs",
-            env={},
-            escrow_set="/srv/escrow/x",
-            escrow_files={"escrow-verify.sh": "0" * 64},
-            ddev_files={},
-        )
-        session.add(bed)
-        session.flush()
-        return bed.id
+    return add_bed(store, name)
 
 
 def _sweep(store: Store, *, trials: int = 1, retries: int = 2) -> int:

@@ -30,6 +30,7 @@ from apg_farm.store import (
     set_sweep_budget,
 )
 from apg_farm.workers import EmbeddedExecutor
+from tests.rows import bed_row
 from tests.simbeds import make_beds, spec
 
 M0, M1 = simbed.DEFAULT_MODELS[:2]
@@ -157,20 +158,7 @@ def test_spend_exactly_at_a_budget_stops_the_claim(store: Store) -> None:
         parse_sweep({"name": "b", "tasks": ["a"], "models": ["m"], "trials": 3, "budget_usd": 2.5}),
     ).sweep_id
     with store.session() as session:
-        bed = Bed(
-            name="b1",
-            approot="/tmp/x",
-            ddev="ddev",
-            fixtures=["canvas_home", "kb_docs"],
-            pool="canvas_home,kb_docs",
-            env={},
-            escrow_set="/srv/escrow/x",
-            escrow_files={"escrow-verify.sh": "0" * 64},
-            ddev_files={},
-        )
-        session.add(bed)
-        session.flush()
-        bed_id = bed.id
+        bed_id = bed_row(session, "b1")
         add_spend(store, session, sweep_id, 2.5)
 
     def claim_one() -> bool:
@@ -421,22 +409,7 @@ def test_a_capped_model_at_its_cap_hides_no_other_work(store: Store) -> None:
     with store.session() as session:
         # Behind every attempt of the capped model in the queue.
         session.execute(update(Attempt).where(Attempt.sweep_id == other_id).values(seq=10_000))
-        beds = []
-        for name in ("b1", "b2"):
-            bed = Bed(
-                name=name,
-                approot="/tmp/x",
-                ddev="ddev",
-                fixtures=["canvas_home", "kb_docs"],
-                pool="canvas_home,kb_docs",
-                env={},
-                escrow_set="/srv/escrow/x",
-                escrow_files={"escrow-verify.sh": "0" * 64},
-                ddev_files={},
-            )
-            session.add(bed)
-            session.flush()
-            beds.append(bed.id)
+        beds = [bed_row(session, name) for name in ("b1", "b2")]
     first = claim_next(store, beds[0], lease_seconds=60, worker="t")
     assert first is not None and (first.sweep_id, first.model) == (capped_id, "m1")
     second = claim_next(store, beds[1], lease_seconds=60, worker="t")

@@ -28,25 +28,11 @@ from apg_farm.store import (
     renew_lease,
     requeue_expired,
 )
+from tests.rows import add_bed
 
 
 def _bed(store: Store, name: str, pool: str = "canvas_home,kb_docs") -> int:
-    with store.session() as session:
-        # Escrowed and fingerprinted, as enrolment leaves a bed: the claim refuses any other.
-        bed = Bed(
-            name=name,
-            approot="/tmp/x",
-            ddev="ddev",
-            fixtures=pool.split(","),
-            pool=pool,
-            env={},
-            escrow_set="/srv/escrow/x",
-            escrow_files={"escrow-verify.sh": "0" * 64},
-            ddev_files={},
-        )
-        session.add(bed)
-        session.flush()
-        return bed.id
+    return add_bed(store, name, pool)
 
 
 def _sweep(store: Store, trials: int = 2) -> int:
