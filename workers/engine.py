@@ -75,8 +75,8 @@ from apg_farm.store import (
     Refusal,
     Store,
     SweepState,
-    believe_outage,
     claim,
+    judge_outage_claim,
     mark_agent_started,
     record_lost,
     record_phase,
@@ -477,16 +477,24 @@ class _Attempt:
         if self.run_seconds > window:
             # A provider that is down refuses the first call: a run that went on longer may have
             # worked, seen itself failing and put the site back (the start claims' rule).
+            took = (
+                "was killed at the sweep's run timeout"
+                if self.run_seconds == math.inf
+                else f"took {self.run_seconds:.1f} s"
+            )
             self.doubts.append(
-                f"{claimed}: the run took {self.run_seconds:.1f} s, longer than a provider "
-                f"that is down takes to refuse ({window:g} s)"
+                f"{claimed}: the run {took}, longer than a provider that is down takes to "
+                f"refuse ({window:g} s)"
             )
             return None
         site = self._site()
         if not site.unchanged:
             self.doubts.append(f"{claimed}: {site.evidence}")
             return None
-        doubt = self.engine.store.retrying(self._believe_outage)
+        store = self.engine.store
+        doubt = store.retrying(
+            lambda: judge_outage_claim(store, self.claim.model, quiet=PROVIDER_OUTAGE_QUIET)
+        )
         if doubt is not None:
             self.doubts.append(f"{claimed}: {doubt}")
             return None
@@ -496,12 +504,6 @@ class _Attempt:
             f"{site.evidence}, and the outage is believed ({run_verdict.reason or 'run ended'})",
             provider_trouble=kind,
         )
-
-    def _believe_outage(self) -> str | None:
-        with self.engine.store.session() as session:
-            return believe_outage(
-                self.engine.store, session, self.claim.model, quiet=PROVIDER_OUTAGE_QUIET
-            )
 
     def _container_processes(self, name: str) -> dict[int, tuple[int, str]] | Verdict:
         """The web container's processes (`ddev exec ps`), or a retry that quarantines the bed:

@@ -24,6 +24,7 @@ never wait for each other in opposite orders.
 | bed active -> quarantined | `quarantine_bed`, `rules.quarantine` | bed |
 | bed quarantined/draining -> active | `release_bed` | bed |
 | bed draining -> removed | `rules.finish_draining` | bed |
+| a model's believed outage opened | `judge_outage_claim` (pacing.believe_outage) | the model's gate |
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from apg_farm.store.models import (
     SweepState,
     utcnow,
 )
-from apg_farm.store.pacing import add_spend
+from apg_farm.store.pacing import add_spend, believe_outage
 from apg_farm.store.rules import finish_draining, pace_model, quarantine, settle, to_the_back
 from apg_farm.transports import CommandResult
 
@@ -225,6 +226,13 @@ def _mark_bed(bed: Bed, evidence: Evidence) -> None:
         meta[STOP_LISTING] = evidence.stop_listing
     if meta != (bed.meta or {}):
         bed.meta = meta
+
+
+def judge_outage_claim(store: Store, model: str, *, quiet: float) -> str | None:
+    """Whether a provider claim by `model` is believed (pacing.believe_outage: None, or why
+    not), in a transaction of its own that locks and writes the model's gate row."""
+    with store.session() as session:
+        return believe_outage(store, session, model, quiet=quiet)
 
 
 # --- phase records ------------------------------------------------------------------------------
