@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import PurePosixPath
 
 from sqlalchemy import select
@@ -85,6 +87,7 @@ from apg_farm.store import (
     utcnow,
 )
 from apg_farm.transports import (
+    Captured,
     CommandResult,
     ListingFailed,
     Transport,
@@ -93,6 +96,7 @@ from apg_farm.transports import (
     stray_argv,
     transport_for,
 )
+from apg_farm.workers.harness import Harness, HarnessEnd
 from apg_farm.workers.agent_stop import (
     PS_ARGV,
     ROUNDS,
@@ -261,14 +265,18 @@ class AttemptEngine:
         return report if isinstance(report, AttemptReport) else None
 
     def take(
-        self, *, sweep_id: int | None = None, attempt_id: int | None = None
+        self,
+        *,
+        sweep_id: int | None = None,
+        attempt_id: int | None = None,
+        harness: Harness | None = None,
     ) -> AttemptReport | Refusal:
         """Claim and run one attempt, or the claim's refusal (why nothing was taken)."""
         with self._lock:
             taken = self.claim(sweep_id=sweep_id, attempt_id=attempt_id)
             if isinstance(taken, Refusal):
                 return taken
-            return self._run(taken)
+            return self._run(taken, harness)
 
     def claim(
         self, *, sweep_id: int | None = None, attempt_id: int | None = None
@@ -286,17 +294,18 @@ class AttemptEngine:
             )
         )
 
-    def run(self, claim: Claim) -> AttemptReport:
-        """Run a claim this engine took."""
+    def run(self, claim: Claim, harness: Harness | None = None) -> AttemptReport:
+        """Run a claim this engine took; with a `harness`, its agent acts where APG's adapter
+        would run (workers/harness.py), between the same preparation and the same judging."""
         with self._lock:
-            return self._run(claim)
+            return self._run(claim, harness)
 
-    def _run(self, claim: Claim) -> AttemptReport:
+    def _run(self, claim: Claim, harness: Harness | None = None) -> AttemptReport:
         with self.store.session() as session:
             bed = replace(
                 BedInfo.of(session.get_one(Bed, self.bed_id)), agent_stopped=claim.agent_stopped
             )
-        attempt = _Attempt(self, bed, claim)
+        attempt = _Attempt(self, bed, claim, harness)
         with _Lease(self.store, claim, self.lease_seconds) as lease:
             attempt.lease = lease
             try:
@@ -330,10 +339,14 @@ class AttemptEngine:
 class _Attempt:
     """The phases of one execution on one bed."""
 
-    def __init__(self, engine: AttemptEngine, bed: BedInfo, claim: Claim) -> None:
+    def __init__(
+        self, engine: AttemptEngine, bed: BedInfo, claim: Claim, harness: Harness | None = None
+    ) -> None:
         self.engine = engine
         self.bed = bed
         self.claim = claim
+        #: Who runs the agent: APG's adapter (`ai-eval-run`) when None, else an outside harness.
+        self.harness = harness
         self.lease: _Lease | None = None
         self.env = bed_environment(
             base=host_environment(engine.transport),
@@ -407,7 +420,9 @@ class _Attempt:
         verdict = self._seen(self._check_at_baseline())
         if verdict.action != "continue":
             return verdict
-        run_verdict = self._seen(self._run_agent())
+        run_verdict = self._seen(
+            self._run_agent() if self.harness is None else self._run_harness(self.harness)
+        )
         # Whatever the run returned (a crash, a timeout, a vanished run folder), the judging code
         # is checked now: the DDEV configuration before any other `ddev` call can fire a hook
         # planted during the run, then the trusted verifier. Once the agent ran, a check it could
@@ -874,6 +889,40 @@ class _Attempt:
         )
         return with_quarantine(verdict, broken)
 
+    def _run_harness(self, harness: Harness) -> Verdict:
+        """The agent of an outside harness acts on the prepared bed; the farm waits for it to
+        end and records that as the run phase. Nothing it says about itself is a verdict: what
+        follows judges the bed, as after an APG run."""
+        self._mark_agent_stopped(False)
+        self.agent_started = True
+        self.engine.store.retrying(self._record_agent_started)
+        started, clock = utcnow(), time.monotonic()
+        end: HarnessEnd = harness.run(self)
+        duration = time.monotonic() - clock
+        described = json.dumps(end.record, sort_keys=True).encode()
+        result = CommandResult(
+            argv=tuple(end.argv),
+            rc=None if end.interrupted else 0,
+            stdout=Captured(data=described, total=len(described), truncated=False),
+            stderr=Captured(data=b"", total=0, truncated=False),
+            duration=duration,
+        )
+        self.run_seconds = duration
+        self._record("agent", result, contract.read_output(result), started)
+        if end.interrupted:
+            # The harness stopped the sample (a person's interrupt): never the model's failure.
+            # The bed stays "agent not confirmed stopped": the next attempt there restarts it.
+            raise _Cancelled
+        return Verdict("continue", end.summary)
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.lease is not None and self.lease.lost
+
+    def check_boundary(self) -> None:
+        """Raise when this attempt must stop: its lease was lost or its sweep cancelled."""
+        self._check_boundary()
+
     def _record_agent_started(self) -> None:
         mark_agent_started(self.engine.store, self.claim.execution_id)
 
@@ -948,6 +997,12 @@ class _Attempt:
         )
         output = contract.read_output(result)
         self.bed_seconds += result.duration
+        self._record(name, result, output, started)
+        return output, result
+
+    def _record(
+        self, name: str, result: CommandResult, output: PhaseOutput, started: datetime
+    ) -> None:
         store, tries = self.engine.store, [0]
 
         def record() -> str | None:
@@ -966,7 +1021,6 @@ class _Attempt:
 
         # The phase's record and the next boundary's cancel check in one transaction.
         self._sweep_state = store.retrying(record)
-        return output, result
 
     def _check_boundary(self) -> None:
         if self.lease is not None and self.lease.lost:

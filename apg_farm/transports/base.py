@@ -111,7 +111,11 @@ class Transport(Protocol):
         timeout: float,
         stdout_limit: int,
         stderr_limit: int,
-    ) -> CommandResult: ...
+        input: bytes | None = None,
+    ) -> CommandResult:
+        """Run `argv` on the bed's host; `input`, when given, is the command's whole stdin
+        (else it has none)."""
+        ...
 
     def read_file(self, path: str, *, limit: int) -> bytes | None:
         """The file's bytes (at most `limit`), or None when it does not exist or is not readable."""

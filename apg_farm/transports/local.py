@@ -9,8 +9,10 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import IO
 
 from apg_farm.transports import reaper
 from apg_farm.transports.base import (
@@ -54,8 +56,10 @@ class LocalTransport(Transport):
         timeout: float,
         stdout_limit: int,
         stderr_limit: int,
+        input: bytes | None = None,
     ) -> CommandResult:
-        """Run `argv` in `cwd` with exactly `env`; a failure to start is reported, not raised."""
+        """Run `argv` in `cwd` with exactly `env` (and `input` on its stdin, else none); a
+        failure to start is reported, not raised."""
         argv_t = tuple(argv)
         started = time.monotonic()
         if not argv_t:
@@ -73,7 +77,7 @@ class LocalTransport(Transport):
                     # Exactly what was given (nothing of os.environ leaks to the bed), and the marker
                     # by which the command's orphans are found.
                     env={**env, MARKER: marker},
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     # Own session and process group, so the deadline can kill grandchildren too.
@@ -87,6 +91,8 @@ class LocalTransport(Transport):
             reaper.end(marker, None)
             return _not_started(argv_t, f"cannot run {argv_t[0]!r}: {exc}", started)
 
+        if input is not None and proc.stdin is not None:
+            _feed(proc.stdin, input)
         # Only stderr carries the contract's tokens: its capture keeps those of the omitted middle.
         out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)
         child = _Child(proc, out, err)
@@ -185,6 +191,20 @@ class LocalTransport(Transport):
         except OSError as error:
             raise ListingFailed(path, error.strerror or str(error)) from None
         return Listing(names)
+
+
+def _feed(pipe: IO[bytes], data: bytes) -> None:
+    """Write `data` to a command's stdin from a thread of its own, then close it: a command
+    that reads slowly (or not at all) must not stall the reading of its output."""
+
+    def write() -> None:
+        with contextlib.suppress(OSError):  # the command may exit without reading it all
+            try:
+                pipe.write(data)
+            finally:
+                pipe.close()
+
+    threading.Thread(target=write, name="stdin-feed", daemon=True).start()
 
 
 def _unreachable(path: str) -> str | None:

@@ -439,6 +439,18 @@ def tracked_command(tokens: Sequence[str], *, cwd: str, command_id: str) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
+def _feed(channel: paramiko.Channel, data: bytes) -> None:
+    """Send `data` as the command's stdin, then its end, from a thread of its own: the output
+    is read meanwhile, so a command that prints as it reads never stalls the link."""
+
+    def send() -> None:
+        with contextlib.suppress(Exception):  # the command may end (or the link drop) first
+            channel.sendall(data)
+            channel.shutdown_write()
+
+    threading.Thread(target=send, name="ssh-stdin-feed", daemon=True).start()
+
+
 def _new_command_id() -> str:
     return secrets.token_hex(8)
 
@@ -615,8 +627,10 @@ class SshTransport(Transport):
         timeout: float,
         stdout_limit: int,
         stderr_limit: int,
+        input: bytes | None = None,
     ) -> CommandResult:
-        """Run `argv` on the host in `cwd` with exactly `env`; failures are reported, not raised."""
+        """Run `argv` on the host in `cwd` with exactly `env` (and `input` on its stdin);
+        failures are reported, not raised."""
         argv_t = tuple(argv)
         started = time.monotonic()
         command_id = _new_command_id()
@@ -641,6 +655,7 @@ class SshTransport(Transport):
             started=started,
             wrapped=True,
             command_id=command_id,
+            input=input,
         )
 
     def _execute(
@@ -654,6 +669,7 @@ class SshTransport(Transport):
         started: float,
         wrapped: bool,
         command_id: str | None = None,
+        input: bytes | None = None,
     ) -> CommandResult:
         """Send `command`; with a `command_id` (a wrapped command: see tracked_command) only once
         the leftovers of earlier commands are confirmed dead, and recorded as a leftover itself
@@ -677,6 +693,8 @@ class SshTransport(Transport):
                 return _not_started(
                     argv, f"SSH to {self.target.label} failed: {_describe(error)}", started
                 )
+            if input is not None:
+                _feed(channel, input)
             # Only stderr carries the contract's tokens: its capture keeps those of the middle.
             out, err = BoundedCapture(stdout_limit, tokens=False), BoundedCapture(stderr_limit)
             deadline = started + max(timeout, 0.0) + self.kill_after + DEADLINE_SLACK
