@@ -916,8 +916,8 @@ class _Attempt:
         return Verdict("continue", end.summary)
 
     @property
-    def lease_lost(self) -> bool:
-        return self.lease is not None and self.lease.lost
+    def transport(self) -> Transport:
+        return self.engine.transport
 
     def check_boundary(self) -> None:
         """Raise when this attempt must stop: its lease was lost or its sweep cancelled."""

@@ -1,0 +1,109 @@
+"""An agent run by an outside harness (Inspect AI) instead of APG's adapter.
+
+The engine prepares the bed exactly as for an APG run (strays stopped, trusted verify --restore,
+reset, settings, the process baseline, the site at baseline), then hands it to the harness where
+it would run `ai-eval-run`, and judges what the harness's agent left exactly as after an APG run
+(the DDEV configuration, what the agent left running killed, the trusted verify, the grade).
+
+`HandOver` is that hand-over for a harness that acts from another thread: the engine's thread
+waits in `run` until the harness says its agent is done (`end`), renewing the lease meanwhile.
+Nothing the harness says about the agent is a verdict: it only ends the wait.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from apg_farm.transports import Transport
+    from apg_farm.workers.engine import BedInfo
+
+#: Seconds between two looks at the lease and the sweep while the harness's agent acts.
+POLL = 0.5
+
+
+@dataclass(frozen=True)
+class HarnessEnd:
+    """How the harness's part ended, recorded as the attempt's `agent` phase."""
+
+    #: What stands for the command line in the phase record (the harness and its sample).
+    argv: tuple[str, ...]
+    #: What the harness says about the sample (its ids, the prompt's sha256): the phase's output.
+    record: Mapping[str, str] = field(default_factory=dict)
+    summary: str = "the harness's agent ended"
+    #: A person interrupted the sample: the attempt ends CANCELLED, never as the model's failure.
+    interrupted: bool = False
+
+
+class Seat(Protocol):
+    """What the engine gives a harness: the prepared bed, and the attempt's boundaries."""
+
+    @property
+    def bed(self) -> BedInfo: ...
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """The bed commands' environment (the allow-list; never the farm's settings)."""
+        ...
+
+    @property
+    def transport(self) -> Transport: ...
+
+    def check_boundary(self) -> None:
+        """Raise when the attempt must stop (its lease lost, its sweep cancelled)."""
+        ...
+
+
+class Harness(Protocol):
+    def run(self, seat: Seat) -> HarnessEnd:
+        """Let the harness's agent act on the bed; return once it is done."""
+        ...
+
+
+class HandOver:
+    """The bed handed to a harness acting from another thread (Inspect's sample).
+
+    `ready` is set once the bed is prepared (then `seat` is the bed to act on); the harness calls
+    `end` when its agent is done, or interrupted. Past `timeout` seconds without an end the wait
+    stops as a run killed at its timeout: judged, never believed to have not started.
+    """
+
+    def __init__(
+        self, argv: tuple[str, ...], record: Mapping[str, str], *, timeout: float = math.inf
+    ) -> None:
+        self.argv = argv
+        self.record = dict(record)
+        self.timeout = timeout
+        self.ready = threading.Event()
+        self.seat: Seat | None = None
+        self._ended = threading.Event()
+        self._interrupted = False
+        self._summary = "the harness's agent ended"
+
+    def run(self, seat: Seat) -> HarnessEnd:
+        self.seat = seat
+        self.ready.set()
+        waited = 0.0
+        while not self._ended.wait(POLL):
+            seat.check_boundary()
+            waited += POLL
+            if waited >= self.timeout:
+                self._summary = f"the harness's agent did not end within {self.timeout:g} s"
+                break
+        return HarnessEnd(
+            argv=self.argv,
+            record=self.record,
+            summary=self._summary,
+            interrupted=self._interrupted,
+        )
+
+    def end(self, *, interrupted: bool = False, summary: str | None = None) -> None:
+        """The harness's agent is done (or was interrupted): the engine judges the bed now."""
+        self._interrupted = interrupted
+        if summary:
+            self._summary = summary
+        self._ended.set()
