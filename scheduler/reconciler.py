@@ -84,6 +84,8 @@ def _page(store: Store, after: tuple[int, int]) -> list[tuple[int, int]]:
             select(Attempt.seq, Attempt.id)
             .join(Sweep, Sweep.id == Attempt.sweep_id)
             .where(Attempt.state == AttemptState.QUEUED, Sweep.state == SweepState.OPEN)
+            # A harness's sweep (Inspect) claims its attempts itself: no worker takes them.
+            .where(Sweep.driver.is_(None))
             # Attempts a claim would refuse now (a budget spent, a back-off, a paused model)
             # get their message once they may run (pacing.py).
             .where(*claimable(store))

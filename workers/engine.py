@@ -96,7 +96,6 @@ from apg_farm.transports import (
     stray_argv,
     transport_for,
 )
-from apg_farm.workers.harness import Harness, HarnessEnd
 from apg_farm.workers.agent_stop import (
     PS_ARGV,
     ROUNDS,
@@ -111,6 +110,7 @@ from apg_farm.workers.agent_stop import (
     same_container,
     stop_listing,
 )
+from apg_farm.workers.harness import Harness, HarnessEnd
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
 _CONTAINER_ROOT = "/var/www/html"
@@ -238,9 +238,12 @@ class AttemptEngine:
         lease_seconds: float = LEASE_SECONDS,
         backoff: tuple[float, float] | None = None,
         start_window: float | None = None,
+        driver: str | None = None,
     ) -> None:
         self.store = store
         self.worker = worker
+        #: Whose sweeps this engine claims from: the farm's (None) or a harness's ("inspect").
+        self.driver = driver
         self.lease_seconds = lease_seconds
         #: (base, ceiling) of the provider back-off: APG_FARM_PROVIDER_BACKOFF(_MAX) by default.
         settings = load_settings()
@@ -291,6 +294,7 @@ class AttemptEngine:
                 sweep_id=sweep_id,
                 attempt_id=attempt_id,
                 backoff=self.backoff,
+                driver=self.driver,
             )
         )
 

@@ -171,12 +171,14 @@ def claim(
     sweep_id: int | None = None,
     attempt_id: int | None = None,
     backoff: tuple[float, float] = (PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX),
+    driver: str | None = None,
 ) -> Claim | Refusal:
     """Claim the next attempt this bed may run (or exactly `attempt_id`), or say why not.
 
     Only attempts every cap allows are looked at (pacing.py): the farm's and the sweep's
     budgets, the model's breaker and its max_concurrent; `backoff` (base, ceiling) is how long
-    a breaker probe keeps its model's other attempts waiting.
+    a breaker probe keeps its model's other attempts waiting. Only sweeps of `driver` are
+    looked at: the farm's own (None) for a worker, a harness's own for that harness.
     """
     with store.session() as session:
         # Lock the bed row: two claimers for one bed (two executors, a second worker) queue here.
@@ -203,6 +205,7 @@ def claim(
             # A sealed sweep's evidence is closed: it takes no new executions.
             .where(Sweep.sealed_at.is_(None))
             .where(Attempt.pool == bed.pool)
+            .where(Sweep.driver.is_(None) if driver is None else Sweep.driver == driver)
             .order_by(Attempt.seq, Attempt.id)
             .limit(_CANDIDATES)
         )
@@ -298,11 +301,13 @@ def claim(
         if skipped is not None:
             return skipped
         if attempt_id is not None:
-            return _why_not(store, session, attempt_id, bed)
+            return _why_not(store, session, attempt_id, bed, driver)
         return Refusal(Why.NOTHING, f"nothing queued in pool {bed.pool} that this bed may take")
 
 
-def _why_not(store: Store, session: Session, attempt_id: int, bed: Bed) -> Refusal:
+def _why_not(
+    store: Store, session: Session, attempt_id: int, bed: Bed, driver: str | None
+) -> Refusal:
     """Why `attempt_id` was not among the attempts this bed may take now (same transaction)."""
     attempt = session.get(Attempt, attempt_id)
     if attempt is None:
@@ -315,6 +320,10 @@ def _why_not(store: Store, session: Session, attempt_id: int, bed: Bed) -> Refus
         return Refusal(Why.SWEEP_CLOSED, f"sweep {sweep.name} is {sweep.state}")
     if attempt.pool != bed.pool:
         return Refusal(Why.EXCLUDED, f"the attempt is for pool {attempt.pool}")
+    if sweep.driver != driver:
+        return Refusal(
+            Why.NOT_QUEUED, f"sweep {sweep.name} is driven by {sweep.driver or 'the farm'}"
+        )
     if pauses := sweep_pauses(store, session, sweep):
         return Refusal(Why.PAUSED, "; ".join(pauses))
     now = db_time(store, session)

@@ -25,6 +25,7 @@ never wait for each other in opposite orders.
 | bed quarantined/draining -> active | `release_bed` | bed |
 | bed draining -> removed | `rules.finish_draining` | bed |
 | a model's believed outage opened | `judge_outage_claim` (pacing.believe_outage) | the model's gate |
+| a harness's sweep made, one sample's attempt queued | `open_harness_attempt` | the sweep |
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict
 from apg_farm.errors import BadInput, NotFound
+from apg_farm.specs import SweepSpec
 from apg_farm.store.claims import AGENT_STOPPED, Claim
 from apg_farm.store.db import Store, rowcount
 from apg_farm.store.models import (
@@ -443,3 +446,116 @@ def _sweep(session: Session, sweep_id: int) -> Sweep:
             f"no sweep with id {sweep_id}", field="sweep", fix="see `apg-farm sweep list`"
         )
     return sweep
+
+
+@dataclass(frozen=True)
+class HarnessAttempt:
+    """The attempt a harness's sample is, in the sweep its run is."""
+
+    sweep_id: int
+    sweep_name: str
+    attempt_id: int
+    state: str
+    outcome: str | None
+
+
+def open_harness_attempt(
+    store: Store,
+    spec: SweepSpec,
+    *,
+    driver: str,
+    task: str,
+    model: str,
+    trial: int,
+    meta: dict[str, Any] | None = None,
+) -> HarnessAttempt:
+    """The sweep of a harness's run (made on its first sample) and the attempt of one sample.
+
+    Exactly the (task, model, trial) the harness runs is added, never the cross product a
+    submitted sweep expands to: the harness decides what runs. The sweep's spec grows with it
+    (its tasks, models and trials), so every view of the farm reads the sweep as any other.
+    Safe to repeat: a sample the harness starts again finds its attempt as the farm left it.
+    """
+    with store.session() as session:
+        sweep = _harness_sweep(session, spec, driver=driver, meta=meta)
+        if sweep.driver != driver:
+            raise BadInput(
+                f"sweep {spec.name!r} exists and is driven by {sweep.driver or 'the farm'}",
+                field="sweep",
+                fix="name another sweep in the sandbox config (or leave it to the run's id)",
+            )
+        refuse_if_sealed(sweep)
+        recorded = SweepSpec.model_validate(sweep.spec).dataset
+        if recorded != spec.dataset:
+            raise BadInput(
+                f"sweep {spec.name!r} grades against dataset {recorded or '(the bed default)'}, "
+                f"this sample against {spec.dataset or '(the bed default)'}",
+                field="apg_dataset",
+                fix="one dataset per sweep: name another sweep for the other dataset",
+            )
+        if sweep.pool != spec.pool:
+            raise BadInput(
+                f"sweep {spec.name!r} runs on pool {sweep.pool}, not {spec.pool}", field="pool"
+            )
+        row = session.scalar(
+            select(Attempt).where(
+                Attempt.sweep_id == sweep.id,
+                Attempt.task == task,
+                Attempt.model == model,
+                Attempt.trial == trial,
+            )
+        )
+        if row is None:
+            if sweep.state != SweepState.OPEN:
+                raise BadInput(f"sweep {sweep.name!r} is {sweep.state}", field="sweep")
+            last = session.scalar(select(func.max(Attempt.seq)).where(Attempt.sweep_id == sweep.id))
+            row = Attempt(
+                sweep_id=sweep.id,
+                task=task,
+                model=model,
+                trial=trial,
+                seq=0 if last is None else last + 1,
+                pool=sweep.pool,
+                state=AttemptState.QUEUED,
+            )
+            session.add(row)
+            old = SweepSpec.model_validate(sweep.spec)
+            grown = old.model_copy(
+                update={
+                    "tasks": [*old.tasks, task] if task not in old.tasks else old.tasks,
+                    "models": [*old.models, model] if model not in old.models else old.models,
+                    "trials": max(old.trials, trial),
+                }
+            )
+            sweep.spec = grown.model_dump(mode="json")
+            sweep.spec_sha256 = grown.digest()
+            session.flush()
+        return HarnessAttempt(sweep.id, sweep.name, row.id, row.state, row.outcome)
+
+
+def _harness_sweep(
+    session: Session, spec: SweepSpec, *, driver: str, meta: dict[str, Any] | None
+) -> Sweep:
+    """The sweep named in `spec`, made (for `driver`) if it is not there; locked either way.
+    Two samples starting at once both may try to make it: one does, the other finds it."""
+    query = select(Sweep).where(Sweep.name == spec.name).with_for_update()
+    sweep = session.scalar(query)
+    if sweep is not None:
+        return sweep
+    try:
+        with session.begin_nested():
+            session.add(
+                Sweep(
+                    name=spec.name,
+                    spec=spec.model_dump(mode="json"),
+                    spec_sha256=spec.digest(),
+                    pool=spec.pool,
+                    driver=driver,
+                    meta=meta,
+                    budget_usd=spec.budget_usd,
+                    max_concurrent=spec.max_concurrent or None,
+                )
+            )
+    except IntegrityError:
+        pass  # made meanwhile by another sample: read it below
+    return session.scalars(query).one()

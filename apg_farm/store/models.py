@@ -256,6 +256,9 @@ class Sweep(Base):
     #: Attempts of a model running at once, farm-wide, that this sweep allows (its file's
     #: max_concurrent); None when it sets none.
     max_concurrent: Mapped[dict[str, int] | None] = mapped_column(JSONText)
+    #: Who runs its attempts: None for the farm's workers, else an outside harness ("inspect")
+    #: that claims them itself; a worker never takes one, the scheduler never sends one.
+    driver: Mapped[str | None] = mapped_column(String(20))
 
 
 class Attempt(Base):

@@ -1,0 +1,248 @@
+"""One Inspect sample on one bed: the farm's claim and lease, the engine's preparation before the
+agent and its judging after, with Inspect's agent acting in between (workers/harness.py).
+
+Synchronous on purpose: the engine runs in a thread of its own for the whole attempt, exactly as
+a worker runs it (lease renewed, every phase recorded, the verdict recorded by the lifecycle);
+the async provider (sandbox.py) only waits for it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from apg_farm.errors import FarmError
+from apg_farm.inspect.config import ApgConfig
+from apg_farm.specs import SweepSpec
+from apg_farm.store import (
+    Bed,
+    BedState,
+    Claim,
+    HarnessAttempt,
+    Refusal,
+    Store,
+    Why,
+    open_harness_attempt,
+)
+from apg_farm.transports import CommandResult
+from apg_farm.workers.engine import AttemptEngine, AttemptReport
+from apg_farm.workers.harness import HandOver, Seat
+
+#: The sweeps of Inspect runs: no farm worker claims their attempts (store/claims.py).
+DRIVER = "inspect"
+#: Seconds between two rounds over the pool's beds while none is free.
+_WAIT_STEP = 1.0
+
+
+class SampleRefused(FarmError):
+    """The farm will not run this sample: it was judged already, its sweep is closed or sealed,
+    or a budget is spent. Inspect records it as the sample's error."""
+
+
+class NoBedReady(FarmError):
+    """No bed of the pool took the sample, or the bed taken could not be made ready (the farm
+    recorded why, and retries or quarantines as a worker would)."""
+
+
+@dataclass(frozen=True)
+class SampleKey:
+    """Which attempt an Inspect sample is: its sweep, task, model and trial (the epoch)."""
+
+    sweep: str
+    task: str
+    model: str
+    trial: int
+    dataset: str | None
+    #: What Inspect says about the sample (ids, the prompt's sha256): the agent phase's record.
+    record: Mapping[str, str] = field(default_factory=dict)
+
+    def spec(self, config: ApgConfig) -> SweepSpec:
+        return SweepSpec(
+            name=self.sweep,
+            dataset=self.dataset,
+            fixtures=list(config.fixtures),
+            tasks=[self.task],
+            models=[self.model],
+            trials=self.trial,
+            agent=DRIVER,
+            retries=config.retries,
+            timeouts=config.timeouts,
+        )
+
+
+def worker_name() -> str:
+    return f"inspect@{socket.gethostname()}:{os.getpid()}"
+
+
+class SampleBed:
+    """A bed held for one sample; made by `take`, ended by `finish` or `abandon`."""
+
+    def __init__(
+        self,
+        engine: AttemptEngine,
+        claim: Claim,
+        handover: HandOver,
+        thread: threading.Thread,
+        reports: list[AttemptReport],
+    ) -> None:
+        self.engine = engine
+        self.claim = claim
+        self._handover = handover
+        self._thread = thread
+        self._reports = reports
+        self._ended = False
+
+    @property
+    def bed_name(self) -> str:
+        return self.engine.bed_name
+
+    @property
+    def seat(self) -> Seat:
+        assert self._handover.seat is not None  # set before take() returns
+        return self._handover.seat
+
+    @classmethod
+    def take(cls, store: Store, config: ApgConfig, key: SampleKey) -> SampleBed:
+        """Claim the sample's attempt on a free bed of the pool and prepare that bed; raises
+        SampleRefused or NoBedReady (after the farm recorded what happened)."""
+        attempt = open_harness_attempt(
+            store,
+            key.spec(config),
+            driver=DRIVER,
+            task=key.task,
+            model=key.model,
+            trial=key.trial,
+            meta={"driver": DRIVER, **dict(key.record)},
+        )
+        engine, claim = _claim(store, config, attempt)
+        handover = HandOver(
+            ("inspect", "sample", key.task, key.model, f"epoch={key.trial}"),
+            key.record,
+            timeout=config.timeouts.run,
+        )
+        reports: list[AttemptReport] = []
+        thread = threading.Thread(
+            target=lambda: reports.append(engine.run(claim, handover)),
+            name=f"apg-sample-{claim.attempt_id}",
+            daemon=True,
+        )
+        thread.start()
+        while not handover.ready.wait(0.1):
+            if not thread.is_alive():
+                break
+        if not handover.ready.is_set():
+            thread.join()
+            report = reports[0] if reports else None
+            why = report.verdict.reason if report else "the engine stopped without a verdict"
+            outcome = f" ({report.outcome})" if report and report.outcome else ""
+            raise NoBedReady(
+                f"bed {engine.bed_name} could not be made ready for {claim.label}{outcome}: {why}",
+                fix="the farm recorded it (`apg-farm sweep status`); Inspect's retry_on_error "
+                "takes another bed",
+            )
+        return cls(engine, claim, handover, thread, reports)
+
+    def run(
+        self,
+        argv: tuple[str, ...],
+        *,
+        timeout: float,
+        stdout_limit: int,
+        stderr_limit: int,
+        input: bytes | None = None,
+    ) -> CommandResult:
+        """One command on the bed's host with the bed's environment (never the farm's)."""
+        if self._ended:
+            raise SampleRefused(
+                f"the sample on bed {self.bed_name} has ended: the farm is judging the bed"
+            )
+        seat = self.seat
+        return seat.transport.run(
+            argv,
+            cwd=seat.bed.approot,
+            env=seat.env,
+            timeout=timeout,
+            stdout_limit=stdout_limit,
+            stderr_limit=stderr_limit,
+            input=input,
+        )
+
+    def finish(self) -> AttemptReport:
+        """The agent is done: the engine judges the bed (stop what the agent left, the DDEV
+        configuration, the trusted verify, the grade) and records the verdict."""
+        return self._end(interrupted=False)
+
+    def abandon(self) -> AttemptReport:
+        """The sample was interrupted: the attempt ends CANCELLED, the bed marked for a restart."""
+        return self._end(interrupted=True)
+
+    @property
+    def report(self) -> AttemptReport | None:
+        return self._reports[0] if self._reports else None
+
+    def _end(self, *, interrupted: bool) -> AttemptReport:
+        if not self._ended:
+            self._ended = True
+            self._handover.end(interrupted=interrupted)
+        self._thread.join()
+        if not self._reports:
+            raise NoBedReady(f"the engine on bed {self.bed_name} stopped without a verdict")
+        return self._reports[0]
+
+
+def _claim(store: Store, config: ApgConfig, attempt: HarnessAttempt) -> tuple[AttemptEngine, Claim]:
+    """The attempt claimed on a bed of the pool, under the claim's own rules (active beds only,
+    caps and breakers, a retry away from the bed that failed it); waits while beds are busy."""
+    deadline = time.monotonic() + config.wait_for_bed
+    worker = worker_name()
+    while True:
+        waits: list[float] = []
+        beds = _beds(store, config)
+        if not beds:
+            raise NoBedReady(
+                f"no active bed in pool {config.pool}"
+                + (f" among {', '.join(config.beds)}" if config.beds else ""),
+                field="fixtures",
+                fix="`apg-farm bed list` shows the pool's beds; `apg-farm bed release` brings one back",
+            )
+        for name in beds:
+            engine = AttemptEngine(
+                store,
+                name,
+                worker=worker,
+                lease_seconds=config.lease_seconds,
+                driver=DRIVER,
+            )
+            taken = engine.claim(attempt_id=attempt.attempt_id)
+            if not isinstance(taken, Refusal):
+                return engine, taken
+            engine.transport.close()
+            if taken.why in (Why.NOT_QUEUED, Why.SWEEP_CLOSED, Why.PAUSED):
+                raise SampleRefused(f"{attempt.sweep_name}: attempt {attempt.attempt_id}: {taken}")
+            if taken.why == Why.WAITING and taken.retry_in:
+                waits.append(taken.retry_in)
+        if time.monotonic() >= deadline:
+            raise NoBedReady(
+                f"no bed of pool {config.pool} took the sample within {config.wait_for_bed:g} s",
+                fix="more beds, fewer --max-sandboxes, or a longer wait_for_bed",
+            )
+        time.sleep(min([_WAIT_STEP, *waits]) + random.uniform(0, 0.2))
+
+
+def _beds(store: Store, config: ApgConfig) -> list[str]:
+    """The pool's active beds (those named in the config, when it names some), shuffled so
+    that samples starting together spread over the pool."""
+    with store.read() as session:
+        query = select(Bed.name).where(Bed.pool == config.pool, Bed.state == BedState.ACTIVE)
+        if config.beds:
+            query = query.where(Bed.name.in_(config.beds))
+        names = list(session.scalars(query))
+    random.shuffle(names)
+    return names

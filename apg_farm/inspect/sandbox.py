@@ -1,0 +1,328 @@
+"""The `apg` Inspect sandbox: a farm bed, leased and prepared by the farm, for one sample.
+
+task_init checks the pool; sample_init claims the sample's attempt on a free bed and runs the
+engine's phases before an agent (sample_bed.py); exec, read_file and write_file act in the bed's
+web container (container.py); the scorer (scorer.py) or, without it, sample_cleanup has the
+engine judge the bed; an interrupted sample ends CANCELLED. docs/inspect.md says what maps to what.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, overload
+
+import anyio
+from inspect_ai.util import (
+    ExecResult,
+    OutputLimitExceededError,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
+    sandboxenv,
+)
+from pydantic import BaseModel
+from sqlalchemy import func, select
+from typing_extensions import override
+
+from apg_farm.errors import BadInput
+from apg_farm.inspect import container
+from apg_farm.inspect.config import ApgConfig, load_config, parse_config
+from apg_farm.inspect.sample_bed import SampleBed, SampleKey
+from apg_farm.settings import load_settings
+from apg_farm.specs import SweepSpec
+from apg_farm.store import Bed, BedState, Store
+from apg_farm.transports import CommandResult
+from apg_farm.workers.engine import AttemptReport
+
+T = TypeVar("T")
+
+#: One store per database for the whole Inspect process: its samples share the pool.
+_STORES: dict[str, Store] = {}
+
+
+def store_for(config: ApgConfig) -> Store:
+    url = config.database_url or load_settings().resolved_database_url()
+    if url not in _STORES:
+        _STORES[url] = Store(url)
+    return _STORES[url]
+
+
+async def _in_thread(work: Callable[[], T]) -> T:
+    return await anyio.to_thread.run_sync(work)
+
+
+@sandboxenv(name="apg")
+class ApgSandboxEnvironment(SandboxEnvironment):
+    """A bed of the farm's pool, held for one sample."""
+
+    def __init__(self, bed: SampleBed) -> None:
+        super().__init__()
+        self.bed = bed
+
+    # -- the lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        return parse_config(config)
+
+    @classmethod
+    def default_concurrency(cls) -> int | None:
+        """As many samples at once as the default store has active beds (None: no limit)."""
+        try:
+            with store_for(ApgConfig()).read() as session:
+                count = session.scalar(
+                    select(func.count()).select_from(Bed).where(Bed.state == BedState.ACTIVE)
+                )
+        except Exception:
+            return None
+        return int(count) if count else None
+
+    @override
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        """One clear error before any sample when the pool has no bed the farm would use."""
+        settings = load_config(config)
+        await _in_thread(lambda: check_pool(store_for(settings), settings))
+
+    @override
+    @classmethod
+    async def sample_init(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
+    ) -> dict[str, SandboxEnvironment]:
+        settings = load_config(config)
+        key = sample_key(settings, task_name, metadata)
+        store = store_for(settings)
+        taken: list[SampleBed] = []
+
+        def take() -> None:
+            taken.append(SampleBed.take(store, settings, key))
+
+        try:
+            await _in_thread(take)
+        except anyio.get_cancelled_exc_class():
+            # Cancelled while the bed was being prepared: the claim is not left running.
+            with anyio.CancelScope(shield=True):
+                if taken:
+                    await _in_thread(taken[0].abandon)
+            raise
+        return {"default": cls(taken[0])}
+
+    @override
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        """The lease ends. Unscored, the bed is judged all the same (the agent acted and what
+        it did counts); interrupted, the attempt ends CANCELLED."""
+        with anyio.CancelScope(shield=True):
+            for environment in environments.values():
+                if isinstance(environment, ApgSandboxEnvironment):
+                    end = environment.bed.abandon if interrupted else environment.bed.finish
+                    await _in_thread(end)
+
+    @override
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        return None
+
+    async def judge(self) -> AttemptReport:
+        """End the agent's turn: the engine judges the bed and records the verdict (once)."""
+        with anyio.CancelScope(shield=True):
+            report = await _in_thread(self.bed.finish)
+        return report
+
+    # -- commands in the web container ---------------------------------------------------------
+
+    @override
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        if user is not None:
+            raise SandboxUserUnsupportedError(
+                f"the apg sandbox runs commands as the web container's user only, not {user!r}"
+            )
+        try:
+            argv = container.exec_argv(self._ddev, cmd, cwd=cwd, env=env, timeout=timeout)
+        except ValueError as error:
+            raise BadInput(f"cannot run {cmd[:1]!r} in the bed: {error}") from None
+        data = input.encode("utf-8") if isinstance(input, str) else input
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        result = await self._run(argv, container.host_timeout(timeout), limit, data)
+        if container.timed_out(result, timeout):
+            expired = TimeoutError(f"Command timed out after {timeout} seconds")
+            # What it printed before the deadline, where Inspect's tools look for it.
+            expired.truncated_output = container.decode(  # type: ignore[attr-defined]
+                result.stdout.data + result.stderr.data
+            )
+            raise expired
+        if result.rc is None:
+            raise SandboxUnavailableError(
+                f"bed {self.bed.bed_name}: {result.transport_error or 'no exit status'}"
+            )
+        if container.not_executable(result):
+            raise PermissionError(
+                f"Permission denied executing command: {container.decode(result.stderr.data)}"
+            )
+        if result.stdout.truncated or result.stderr.truncated:
+            raise OutputLimitExceededError(
+                SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
+                container.decode(result.stdout.data),
+            )
+        return ExecResult(
+            success=result.rc == 0,
+            returncode=result.rc,
+            stdout=container.decode(result.stdout.data),
+            stderr=container.decode(result.stderr.data),
+        )
+
+    @override
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        data = contents.encode("utf-8") if isinstance(contents, str) else contents
+        path = container.in_container(file)
+        argv = container.script_argv(self._ddev, container.WRITE_SCRIPT, path)
+        result = await self._run(argv, container.FILE_TIMEOUT, 64 * 1024, data)
+        self._file_result(result, file, "write")
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    @override
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        path = container.in_container(file)
+        argv = container.script_argv(self._ddev, container.READ_SCRIPT, path, str(limit))
+        result = await self._run(argv, container.FILE_TIMEOUT, limit + 1, None)
+        if result.rc == container.TOO_BIG or result.stdout.truncated:
+            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
+        self._file_result(result, file, "read")
+        data = result.stdout.data
+        return data.decode("utf-8") if text else data
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    @property
+    def _ddev(self) -> str:
+        return self.bed.seat.bed.ddev
+
+    async def _run(
+        self, argv: tuple[str, ...], timeout: float, limit: int, data: bytes | None
+    ) -> CommandResult:
+        return await _in_thread(
+            lambda: self.bed.run(
+                argv, timeout=timeout, stdout_limit=limit, stderr_limit=64 * 1024, input=data
+            )
+        )
+
+    def _file_result(self, result: CommandResult, file: str, what: str) -> None:
+        if result.rc == 0:
+            return
+        error = container.file_error(result.rc, file)
+        if error is not None:
+            raise error
+        if result.timed_out:
+            raise TimeoutError(f"{what} of {file} timed out")
+        said = container.decode(result.stderr.data).strip()[-500:]
+        raise RuntimeError(
+            f"{what} of {file} on bed {self.bed.bed_name} failed "
+            f"(exit {result.rc}{', ' + result.transport_error if result.transport_error else ''})"
+            + (f": {said}" if said else "")
+        )
+
+
+def check_pool(store: Store, config: ApgConfig) -> None:
+    """The pool has an active bed the farm would run an attempt on (escrowed, fingerprinted)."""
+    with store.read() as session:
+        query = select(Bed).where(Bed.pool == config.pool)
+        if config.beds:
+            query = query.where(Bed.name.in_(config.beds))
+        beds = list(session.scalars(query))
+    ready = [
+        b
+        for b in beds
+        if b.state == BedState.ACTIVE and b.escrow_set and b.escrow_files and b.ddev_files
+    ]
+    if ready:
+        return
+    seen = ", ".join(f"{b.name} ({b.state})" for b in beds) or "none"
+    raise BadInput(
+        f"apg sandbox: no active, escrowed bed in pool {config.pool} (beds: {seen})",
+        field="fixtures",
+        fix="enrol beds with `apg-farm bed add` after `ai-eval-escrow`; `apg-farm bed list` shows the pool",
+    )
+
+
+def sample_key(config: ApgConfig, task_name: str, metadata: dict[str, Any]) -> SampleKey:
+    """Which attempt a sample is: its APG task (metadata `apg_task`, else the sample id), its
+    model and epoch (from the sample Inspect is running), its dataset."""
+    from inspect_ai.log._samples import sample_active
+
+    active = sample_active()
+    task = str(metadata.get("apg_task") or metadata.get("__sample_id__") or "")
+    model = active.model if active is not None else str(metadata.get("apg_model") or "")
+    trial = active.epoch if active is not None else int(metadata.get("apg_trial") or 1)
+    dataset = metadata.get("apg_dataset") or config.dataset
+    run_id = active.run_id if active is not None else None
+    record = {"inspect_task": task_name, "sample_id": str(metadata.get("__sample_id__", ""))}
+    if active is not None:
+        record["eval_id"] = active.eval_id
+        record["prompt_sha256"] = prompt_sha256(active.sample.input)
+        if run_id:
+            record["run_id"] = run_id
+    try:
+        SweepSpec(
+            name=config.sweep_name(run_id, task_name),
+            tasks=[task],
+            models=[model],
+            trials=trial,
+            dataset=dataset,
+        )
+    except Exception as error:
+        raise BadInput(
+            f"apg sandbox: sample {metadata.get('__sample_id__')!r} does not name an APG task, "
+            f"model and dataset a bed can take (task {task!r}, model {model!r}, "
+            f"dataset {dataset!r}): {error}",
+            field="apg_task",
+            fix="give the sample an APG task id (its id, or metadata apg_task) of letters, "
+            "digits and . _ @ = : / -",
+        ) from None
+    return SampleKey(
+        sweep=config.sweep_name(run_id, task_name),
+        task=task,
+        model=model,
+        trial=trial,
+        dataset=str(dataset) if dataset else None,
+        record=record,
+    )
+
+
+def prompt_sha256(prompt: Any) -> str:
+    """The sha256 of the sample's input as Inspect holds it (text, or its messages as JSON)."""
+    if isinstance(prompt, str):
+        text = prompt
+    else:
+        text = json.dumps(
+            [m.model_dump(mode="json") if hasattr(m, "model_dump") else m for m in prompt],
+            sort_keys=True,
+        )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
