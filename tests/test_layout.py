@@ -27,6 +27,8 @@ WINGS: dict[str, int] = {
     "apg_farm.workers": 5,
     # The web dashboard (`apg-farm serve`): below the CLI, which alone imports it.
     "apg_farm.dashboard": 6,
+    # The Inspect AI sandbox and its scorer (an optional extra): nothing of the farm imports it.
+    "apg_farm.inspect": 6,
     "apg_farm.cli": 7,
 }
 #: Modules every wing may import; they import nothing of the farm but each other.

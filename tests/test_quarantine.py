@@ -176,9 +176,9 @@ def test_the_engine_refuses_a_bed_that_lost_its_escrow_mid_claim(
     engine = AttemptEngine(store, bed.name, worker="w")
     original = engine._run
 
-    def drop_escrow_then_run(claim: Any) -> AttemptReport:
+    def drop_escrow_then_run(claim: Any, harness: Any = None) -> AttemptReport:
         _set(store, Bed, escrow_set=None)()
-        return original(claim)
+        return original(claim, harness)
 
     engine._run = drop_escrow_then_run  # type: ignore[method-assign]
     report = engine.run_next(sweep_id=sweep_id)

@@ -2,7 +2,7 @@
 
 `engine` runs one attempt on one bed, start to finish, recorded; `embedded` runs one thread per
 bed in one process (no broker); `celery_app` and `tasks` are the distributed mode, one Celery
-worker per bed. Imports scheduler (queue names, re-sending a retry), beds, store and contract.
+worker per bed; `harness` hands a prepared bed to an outside harness (Inspect). Imports scheduler (queue names, re-sending a retry), beds, store and contract.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from apg_farm.workers.celery_app import WORKER_BED, make_app, resume_consumer
 from apg_farm.workers.embedded import EmbeddedExecutor, ExecutorResult
 from apg_farm.workers.engine import AttemptEngine, AttemptReport
+from apg_farm.workers.harness import HandOver, Harness, HarnessEnd, Seat
 
 __all__ = [
     "WORKER_BED",
@@ -17,6 +18,10 @@ __all__ = [
     "AttemptReport",
     "EmbeddedExecutor",
     "ExecutorResult",
+    "HandOver",
+    "Harness",
+    "HarnessEnd",
+    "Seat",
     "make_app",
     "resume_consumer",
 ]

@@ -537,19 +537,49 @@ def verify_cmd(
 
 def export_cmd(
     sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
-    eee: Annotated[Path, typer.Option("--eee", help="Folder for the every_eval_ever files.")],
+    eee: Annotated[
+        Path | None, typer.Option("--eee", help="Folder for the every_eval_ever files.")
+    ] = None,
+    inspect: Annotated[
+        Path | None,
+        typer.Option(
+            "--inspect",
+            help="Folder for Inspect AI eval logs (one .eval per model; needs apg-farm[inspect]).",
+        ),
+    ] = None,
 ) -> None:
-    """Export every graded envelope verbatim and one aggregate envelope per (task, model)."""
+    """Export every graded envelope verbatim and one aggregate envelope per (task, model)
+    (--eee), or the sweep as Inspect eval logs (--inspect), or both."""
     from apg_farm.results import export_eee, find_sweep
 
+    if eee is None and inspect is None:
+        raise BadInput(
+            "say where to export",
+            field="--eee/--inspect",
+            fix="give --eee DIR, --inspect DIR or both",
+        )
     store = open_store()
     target = find_sweep(store, sweep)
-    result = export_eee(store, target, eee)
-    out.print(
-        f"exported {result.attempts} attempt envelopes and {result.aggregates} aggregates to {eee}"
-    )
-    for skipped in result.skipped:
-        err.print(f"[yellow]left out:[/] {escape(skipped)}", soft_wrap=True)
+    if eee is not None:
+        result = export_eee(store, target, eee)
+        out.print(
+            f"exported {result.attempts} attempt envelopes and {result.aggregates} aggregates to {eee}"
+        )
+        for skipped in result.skipped:
+            err.print(f"[yellow]left out:[/] {escape(skipped)}", soft_wrap=True)
+    if inspect is not None:
+        try:
+            from apg_farm.inspect.logs import write_inspect_logs
+        except ImportError:
+            raise BadInput(
+                "Inspect AI is not installed",
+                field="--inspect",
+                fix="pip install 'apg-farm[inspect]'",
+            ) from None
+        written = write_inspect_logs(store, target, inspect)
+        out.print(
+            f"wrote {written.samples} samples in {len(written.logs)} Inspect logs to {inspect}"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -32,8 +32,7 @@ from apg_farm.store import (
     open_harness_attempt,
 )
 from apg_farm.transports import CommandResult
-from apg_farm.workers.engine import AttemptEngine, AttemptReport
-from apg_farm.workers.harness import HandOver, Seat
+from apg_farm.workers import AttemptEngine, AttemptReport, HandOver, Seat
 
 #: The sweeps of Inspect runs: no farm worker claims their attempts (store/claims.py).
 DRIVER = "inspect"

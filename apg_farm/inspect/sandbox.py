@@ -36,7 +36,7 @@ from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Bed, BedState, Store
 from apg_farm.transports import CommandResult
-from apg_farm.workers.engine import AttemptReport
+from apg_farm.workers import AttemptReport
 
 T = TypeVar("T")
 

@@ -32,7 +32,7 @@ from inspect_ai.util import sandbox
 from apg_farm.contract import Outcome
 from apg_farm.errors import FarmError
 from apg_farm.inspect.sandbox import ApgSandboxEnvironment
-from apg_farm.workers.engine import AttemptReport
+from apg_farm.workers import AttemptReport
 
 #: Outcomes that are a score; the rest are a sample error.
 SCORED = {

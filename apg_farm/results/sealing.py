@@ -115,6 +115,9 @@ NOT_SEALED: dict[str, dict[str, str]] = {
         "spec keeps the file's value)",
         "max_concurrent": "pacing: how fast the sweep runs a model, as `budget_usd`",
         "spent_usd": "a running total of its executions' costs, kept for the claim",
+        "driver": "who claims its attempts (the farm's workers, or the Inspect harness): "
+        "each execution's sealed `worker` names it too (`inspect@host:pid`), and its sealed "
+        "spec's `agent` is `inspect`",
     },
     "attempts": {
         "id": "a surrogate key; an attempt is named by its task, model and trial",

@@ -1,0 +1,170 @@
+"""A farm sweep as Inspect eval logs (`apg-farm export NAME --inspect DIR`).
+
+One `.eval` log per (sweep, model), one sample per (task, trial): its final outcome as the score
+the `apg` scorer would give (C, I; no score and a sample error for SKIPPED, INVALID, ERROR,
+CANCELLED), the bed, the envelope's sha256, the phase timings, cost and tokens. Readable by
+`read_eval_log`, `inspect log dump` and `inspect view`. Attempts not finished are left out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from inspect_ai.log import (
+    EvalConfig,
+    EvalDataset,
+    EvalError,
+    EvalLog,
+    EvalMetric,
+    EvalResults,
+    EvalSample,
+    EvalScore,
+    EvalSpec,
+    EvalStats,
+    write_eval_log,
+)
+from inspect_ai.model import ModelUsage
+from inspect_ai.scorer import Score
+from sqlalchemy import select
+
+from apg_farm.contract import Outcome
+from apg_farm.inspect.scorer import SCORED
+from apg_farm.results import model_slug
+from apg_farm.specs import SweepSpec
+from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store, Sweep
+
+SCORER = "apg_grade"
+
+
+@dataclass
+class Written:
+    logs: list[Path] = field(default_factory=list)
+    samples: int = 0
+
+
+def write_inspect_logs(store: Store, sweep: Sweep, directory: Path) -> Written:
+    """Write the sweep's finished attempts as Inspect logs under `directory`."""
+    spec = SweepSpec.model_validate(sweep.spec)
+    by_model: dict[str, list[EvalSample]] = defaultdict(list)
+    with store.read() as session:
+        beds = {b.id: b.name for b in session.scalars(select(Bed))}
+        rows = session.execute(
+            select(Attempt, Execution)
+            .join(Execution, Execution.attempt_id == Attempt.id)
+            .where(Attempt.sweep_id == sweep.id, Attempt.state == AttemptState.DONE)
+            .order_by(Attempt.model, Attempt.task, Attempt.trial, Execution.number)
+        ).all()
+        last: dict[int, tuple[Attempt, Execution]] = {}
+        for attempt, execution in rows:
+            last[attempt.id] = (attempt, execution)  # the execution that ended the attempt
+        phases: dict[int, dict[str, float]] = defaultdict(dict)
+        for execution_id, name, duration in session.execute(
+            select(Phase.execution_id, Phase.name, Phase.duration).where(
+                Phase.execution_id.in_([e.id for _, e in last.values()])
+            )
+        ):
+            phases[execution_id][name] = phases[execution_id].get(name, 0.0) + duration
+        for attempt, execution in last.values():
+            by_model[attempt.model].append(_sample(attempt, execution, beds, phases[execution.id]))
+    directory.mkdir(parents=True, exist_ok=True)
+    written = Written()
+    for model, samples in sorted(by_model.items()):
+        log = _log(sweep, spec, model, samples)
+        path = directory / f"{sweep.name}_{model_slug(model)}.eval"
+        write_eval_log(log, location=str(path), format="eval")
+        written.logs.append(path)
+        written.samples += len(samples)
+    return written
+
+
+def _sample(
+    attempt: Attempt, execution: Execution, beds: dict[int, str], phases: dict[str, float]
+) -> EvalSample:
+    outcome = Outcome(attempt.outcome) if attempt.outcome else Outcome.ERROR
+    metadata: dict[str, Any] = {
+        "apg_task": attempt.task,
+        "apg_outcome": str(outcome),
+        "apg_bed": beds.get(execution.bed_id),
+        "apg_attempt": attempt.id,
+        "apg_execution": execution.id,
+        "apg_envelope_sha256": execution.envelope_sha256,
+        "apg_phase_seconds": {k: round(v, 3) for k, v in sorted(phases.items())},
+        "apg_cost_usd": execution.cost_usd,
+    }
+    value = SCORED.get(outcome)
+    scores = None
+    error = None
+    if value is not None:
+        scores = {
+            SCORER: Score(
+                value=value, answer=str(outcome), explanation=attempt.reason, metadata=metadata
+            )
+        }
+    else:
+        message = f"{outcome}: {attempt.reason or ''}".strip()
+        error = EvalError(message=message, traceback=message, traceback_ansi=message)
+    usage = None
+    if execution.input_tokens is not None or execution.output_tokens is not None:
+        usage = {
+            attempt.model: ModelUsage(
+                input_tokens=execution.input_tokens or 0,
+                output_tokens=execution.output_tokens or 0,
+                total_tokens=(execution.input_tokens or 0) + (execution.output_tokens or 0),
+                input_tokens_cache_read=execution.cache_read_tokens,
+                input_tokens_cache_write=execution.cache_write_tokens,
+                total_cost=execution.cost_usd,
+            )
+        }
+    started, finished = execution.started_at, execution.finished_at
+    return EvalSample(
+        id=attempt.task,
+        epoch=attempt.trial,
+        input=f"APG task {attempt.task}",
+        target="",
+        scores=scores,
+        error=error,
+        metadata=metadata,
+        model_usage=usage or {},
+        total_time=(finished - started).total_seconds() if finished and started else None,
+    )
+
+
+def _log(sweep: Sweep, spec: SweepSpec, model: str, samples: list[EvalSample]) -> EvalLog:
+    scored = [s for s in samples if s.scores]
+    correct = sum(1 for s in scored if s.scores and s.scores[SCORER].value == "C")
+    accuracy = correct / len(scored) if scored else 0.0
+    created = _iso(sweep.created_at)
+    return EvalLog(
+        status="success",
+        eval=EvalSpec(
+            created=created,
+            task=sweep.name,
+            task_id=f"apg-farm-{sweep.id}",
+            run_id=f"apg-farm-sweep-{sweep.id}",
+            dataset=EvalDataset(name=spec.dataset, samples=len({s.id for s in samples})),
+            model=model,
+            config=EvalConfig(epochs=spec.trials),
+            metadata={"apg_sweep": sweep.name, "apg_spec_sha256": sweep.spec_sha256},
+        ),
+        results=EvalResults(
+            total_samples=len(samples),
+            completed_samples=len(scored),
+            scores=[
+                EvalScore(
+                    name=SCORER,
+                    scorer=SCORER,
+                    metrics={"accuracy": EvalMetric(name="accuracy", value=accuracy)},
+                )
+            ],
+        ),
+        stats=EvalStats(started_at=created, completed_at=created),
+        samples=samples,
+    )
+
+
+def _iso(moment: datetime | None) -> str:
+    return moment.isoformat(timespec="seconds") if moment else ""

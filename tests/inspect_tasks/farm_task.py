@@ -1,0 +1,105 @@
+"""An Inspect task on the farm's beds, driven by scripted mockllm agents (tests/test_inspect_eval.py).
+
+`inspect eval tests/inspect_tasks/farm_task.py --model mockllm/strong,mockllm/weak --sandbox
+apg:<config.yaml>`: the samples are the APG dataset read from a bed (APG_FARM_INSPECT_BED); each
+(model, task) runs the script of PLAN, each step one `bash` tool call the mockllm model makes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Any
+
+from inspect_ai import Task, task
+from inspect_ai.agent import as_solver, react
+from inspect_ai.model import ChatMessageTool, ModelOutput, ModelUsage, get_model
+from inspect_ai.solver import Generate, Solver, TaskState, solver
+from inspect_ai.tool import bash
+
+from apg_farm.inspect import apg_grade
+from apg_farm.inspect.config import load_config
+from apg_farm.inspect.dataset import apg_dataset
+
+GRADER = "web/modules/contrib/ai_eval/modules/ai_eval_droost/src/Plugin/AiEvalGrader/DroostStateGrader.php"
+
+
+def build(task_id: str) -> str:
+    """What a model that builds the task does to the simulated site (its `.apg-sim/site.json`)."""
+    creates = {
+        "dv01_view_build": ["views.view.kb_docs_index"],
+        "cv01_canvas_home": ["canvas.page_region.home.header"],
+        "dv02_view_filter": ["views.view.kb_search"],
+    }[task_id]
+    code = (
+        "import json, pathlib; p = pathlib.Path('.apg-sim/site.json'); s = json.loads(p.read_text()); "
+        f"s.setdefault('built', {{}})[{task_id!r}] = {{'result': 'pass', 'failed': [], "
+        f"'creates': {json.dumps(creates)}, 'run_id': None}}; s['dirty'] = True; "
+        "p.write_text(json.dumps(s, indent=2, sort_keys=True))"
+    )
+    return f"python3 -c {shlex.quote(code)}"
+
+
+SCRIPTS: dict[str, Any] = {
+    "build": lambda t: [build(t)],
+    "idle": lambda t: [],
+    "tamper": lambda t: [f"echo '// anything passes' >> {GRADER}", build(t)],
+    "linger": lambda t: ["nohup sleep 600 > /dev/null 2>&1 & echo started", build(t)],
+    "sleep": lambda t: ["sleep 120"],
+}
+
+#: (model, task) -> script; a task absent for a model idles.
+PLAN = {
+    ("strong", "dv01_view_build"): "build",
+    ("strong", "cv01_canvas_home"): "linger",
+    ("strong", "dv02_view_filter"): "build",
+    ("weak", "dv01_view_build"): "idle",
+    ("weak", "cv01_canvas_home"): "tamper",
+    ("weak", "dv02_view_filter"): "idle",
+}
+
+
+def scripted(commands: list[str]) -> Any:
+    """mockllm's outputs: one bash call per command, then submit."""
+
+    def next_output(messages: list[Any], *_: Any) -> ModelOutput:
+        step = sum(isinstance(m, ChatMessageTool) for m in messages)
+        if step < len(commands):
+            output = ModelOutput.for_tool_call("mockllm/model", "bash", {"command": commands[step]})
+        else:
+            output = ModelOutput.for_tool_call("mockllm/model", "submit", {"answer": "done"})
+        # Usage given: mockllm would count tokens with tiktoken, which downloads its tables.
+        output.usage = ModelUsage(input_tokens=100, output_tokens=20, total_tokens=120)
+        return output
+
+    return next_output
+
+
+@solver
+def scripted_agent(script: str | None = None) -> Solver:
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        name = str(state.model).split("/")[-1]
+        task_id = str(state.metadata["apg_task"])
+        chosen = script or PLAN.get((name, task_id), "idle")
+        model = get_model(
+            "mockllm/model", custom_outputs=scripted(SCRIPTS[chosen](task_id)), memoize=False
+        )
+        agent = react(tools=[bash(timeout=180)], model=model)
+        return await as_solver(agent)(state, generate)
+
+    return solve
+
+
+@task
+def farm_task(script: str | None = None, tasks: str = "") -> Task:
+    config = load_config(os.environ.get("APG_FARM_INSPECT_CONFIG"))
+    dataset = apg_dataset(
+        "droost_build_tasks", bed=os.environ["APG_FARM_INSPECT_BED"], config=config
+    )
+    wanted = [t for t in tasks.split(",") if t] or list(PLAN_TASKS)
+    dataset = dataset.filter(lambda s: s.id in wanted)
+    return Task(dataset=dataset, solver=scripted_agent(script), scorer=apg_grade())
+
+
+PLAN_TASKS = ("dv01_view_build", "cv01_canvas_home", "dv02_view_filter")

@@ -1,0 +1,209 @@
+"""A real `inspect eval` process on three container beds through the `apg` sandbox.
+
+Scripted mockllm agents (tests/inspect_tasks/farm_task.py): one builds the view, one does nothing,
+one tampers with the judging code, one leaves a background process; one bed's first reset fails.
+The farm's record and Inspect's own log must say the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+pytest.importorskip("inspect_ai")
+
+from inspect_ai.log import list_eval_logs, read_eval_log
+
+from apg_farm.fixtures import simbed
+from apg_farm.store import Attempt, Bed, Execution, Phase, Store, Sweep
+from tests.inspect_beds import container_pool
+from tests.simbeds import bed_image
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK_FILE = ROOT / "tests" / "inspect_tasks" / "farm_task.py"
+INSPECT = Path(sys.executable).with_name("inspect")
+MODELS = ("mockllm/strong", "mockllm/weak")
+
+
+def _inspect(
+    tmp: Path, store_url: str, bed: str, extra: list[str], *, sweep: str
+) -> tuple[list[str], dict[str, str]]:
+    config = tmp / "apg.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "database_url": store_url,
+                "sweep": sweep,
+                "dataset": "droost_build_tasks",
+                "timeouts": {"verify": 60, "reset": 60, "run": 600, "grade": 60},
+                "wait_for_bed": 120,
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "APG_FARM_INSPECT_CONFIG": str(config),
+        "APG_FARM_INSPECT_BED": bed,
+        "INSPECT_LOG_DIR": str(tmp / "logs"),
+        "INSPECT_DISPLAY": "plain",
+        "NO_COLOR": "1",
+    }
+    argv = [
+        str(INSPECT),
+        "eval",
+        str(TASK_FILE.relative_to(ROOT)),
+        "--model",
+        ",".join(MODELS),
+        "--sandbox",
+        f"apg:{config}",
+        "--log-dir",
+        str(tmp / "logs"),
+        "--max-sandboxes",
+        "3",
+        *extra,
+    ]
+    return argv, env
+
+
+def _rows(store: Store, sweep: str) -> tuple[list[Attempt], list[Execution], dict[int, str]]:
+    with store.read() as session:
+        sweep_id = session.scalar(select(Sweep.id).where(Sweep.name == sweep))
+        attempts = list(session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)))
+        ids = [a.id for a in attempts]
+        executions = list(
+            session.scalars(
+                select(Execution).where(Execution.attempt_id.in_(ids)).order_by(Execution.id)
+            )
+        )
+        beds = {b.id: b.name for b in session.scalars(select(Bed))}
+        session.expunge_all()
+    return attempts, executions, beds
+
+
+def _no_overlap(executions: list[Execution]) -> None:
+    """Never two samples on one bed at once: each bed's executions one after another."""
+    by_bed: dict[int, list[Execution]] = {}
+    for e in executions:
+        by_bed.setdefault(e.bed_id, []).append(e)
+    for runs in by_bed.values():
+        runs.sort(key=lambda e: e.started_at)
+        for first, second in zip(runs, runs[1:], strict=False):
+            assert first.finished_at is not None and first.finished_at <= second.started_at
+
+
+def _container_has(approot: str, pattern: str) -> bool:
+    name = simbed.container_name(Path(approot))
+    out = subprocess.run(
+        ["docker", "exec", name, "ps", "-eo", "args"], capture_output=True, text=True, timeout=30
+    )
+    return any(pattern in line for line in out.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
+    with container_pool(tmp_path / "pool", bed_image(), 3, prefix="ie") as (store, beds, config):
+        # The first reset on the first bed fails: sample_init raises, Inspect retries the sample
+        # and the farm's claim gives it another bed.
+        simbed.write_faults(Path(beds[0].approot), {"reset_fail": {"times": 1}})
+        argv, env = _inspect(
+            tmp_path,
+            str(config.database_url),
+            beds[1].name,
+            ["--retry-on-error", "2"],
+            sweep="e2e",
+        )
+        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+        attempts, executions, bed_names = _rows(store, "e2e")
+        outcomes = {(a.model, a.task): a.outcome for a in attempts}
+        assert outcomes == {
+            ("mockllm/strong", "dv01_view_build"): "PASSED",
+            ("mockllm/strong", "cv01_canvas_home"): "PASSED",
+            ("mockllm/strong", "dv02_view_filter"): "PASSED",
+            ("mockllm/weak", "dv01_view_build"): "FAILED",
+            ("mockllm/weak", "cv01_canvas_home"): "TAMPERED",
+            ("mockllm/weak", "dv02_view_filter"): "FAILED",
+        }, outcomes
+        _no_overlap(executions)
+        with store.read() as session:
+            states = {b.name: (b.state, b.state_reason) for b in session.scalars(select(Bed))}
+            tampered = next(e for e in executions if e.result == "TAMPERED")
+            assert states[bed_names[tampered.bed_id]][0] == "quarantined", states
+            # The reset that failed was retried on another bed, and never counted.
+            retried = [e for e in executions if e.result == "RETRY"]
+            assert retried and all(e.bed_id == beds[0].id for e in retried), retried
+            again = [e for e in executions if e.attempt_id == retried[0].attempt_id]
+            assert again[-1].bed_id != beds[0].id and again[-1].result in (
+                "PASSED",
+                "FAILED",
+                "TAMPERED",
+            )
+            # The lingering sample's background process was killed before its verify.
+            linger = next(
+                a for a in attempts if (a.model, a.task) == ("mockllm/strong", "cv01_canvas_home")
+            )
+            final = next(e for e in reversed(executions) if e.attempt_id == linger.id)
+            names = list(
+                session.scalars(
+                    select(Phase.name).where(Phase.execution_id == final.id).order_by(Phase.id)
+                )
+            )
+            assert "stop_agent" in names and names.index("stop_agent") < names.index(
+                "verify_after"
+            ), names
+            running = session.scalar(select(Attempt).where(Attempt.state == "running"))
+            assert running is None
+        for bed in beds:
+            assert not _container_has(bed.approot, "sleep 600")
+
+        # Inspect's own log says the same: one log per model, a score per sample.
+        logs = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
+        assert sorted(log.eval.model for log in logs) == sorted(MODELS)
+        for log in logs:
+            assert log.status == "success"
+            samples = log.samples or []
+            assert len(samples) == 3
+            for sample in samples:
+                farm = outcomes[(log.eval.model, str(sample.id))]
+                score = next(iter((sample.scores or {}).values()))
+                assert score.value == ("C" if farm == "PASSED" else "I"), (sample.id, farm)
+                assert score.metadata and score.metadata["apg_outcome"] == farm
+
+        # apg-farm's report of the Inspect-driven sweep: the same pass rates.
+        report = subprocess.run(
+            [str(Path(sys.executable).with_name("apg-farm")), "report", "e2e", "--format", "json"],
+            env={**env, "APG_FARM_DATABASE_URL": str(config.database_url)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert report.returncode == 0, report.stderr
+        doc: dict[str, Any] = json.loads(report.stdout)
+        rates = _model_rates(doc)
+        for log in logs:
+            accuracy = _accuracy(log)
+            assert rates[log.eval.model] == pytest.approx(accuracy), (rates, accuracy)
+
+
+def _accuracy(log: Any) -> float:
+    scores = [next(iter(s.scores.values())).value for s in log.samples]
+    return sum(v == "C" for v in scores) / len(scores)
+
+
+def _model_rates(doc: dict[str, Any]) -> dict[str, float]:
+    """Each model's pass rate over the report's (task, model) cells."""
+    passed: dict[str, int] = {}
+    counted: dict[str, int] = {}
+    for cell in doc["cells"]:
+        passed[cell["model"]] = passed.get(cell["model"], 0) + cell["passed"]
+        counted[cell["model"]] = counted.get(cell["model"], 0) + cell["n"]
+    return {model: passed[model] / counted[model] for model in counted}
