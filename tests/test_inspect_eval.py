@@ -7,10 +7,13 @@ The farm's record and Inspect's own log must say the same thing.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +98,7 @@ def _no_overlap(executions: list[Execution]) -> None:
         by_bed.setdefault(e.bed_id, []).append(e)
     for runs in by_bed.values():
         runs.sort(key=lambda e: e.started_at)
-        for first, second in zip(runs, runs[1:], strict=False):
+        for first, second in itertools.pairwise(runs):
             assert first.finished_at is not None and first.finished_at <= second.started_at
 
 
@@ -207,3 +210,71 @@ def _model_rates(doc: dict[str, Any]) -> dict[str, float]:
         passed[cell["model"]] = passed.get(cell["model"], 0) + cell["passed"]
         counted[cell["model"]] = counted.get(cell["model"], 0) + cell["n"]
     return {model: passed[model] / counted[model] for model in counted}
+
+
+def _agents_running(store: Store, sweep: str) -> int:
+    with store.read() as session:
+        return len(
+            list(
+                session.scalars(
+                    select(Execution.id)
+                    .join(Attempt, Attempt.id == Execution.attempt_id)
+                    .join(Sweep, Sweep.id == Attempt.sweep_id)
+                    .where(
+                        Sweep.name == sweep,
+                        Attempt.state == "running",
+                        Execution.agent_started.is_(True),
+                        Execution.finished_at.is_(None),
+                    )
+                )
+            )
+        )
+
+
+@pytest.mark.slow
+def test_sigint_to_inspect_releases_every_lease(tmp_path: Path) -> None:
+    """Interrupted mid-sample (SIGINT, as Ctrl-C), `inspect` lets go of every bed: no attempt
+    left running or claimed, the started ones CANCELLED (never a model's failure), the beds
+    active and marked for a restart before their next attempt."""
+    with container_pool(tmp_path / "pool", bed_image(), 2, prefix="is") as (store, beds, config):
+        argv, env = _inspect(
+            tmp_path,
+            str(config.database_url),
+            beds[0].name,
+            ["-T", "script=sleep"],
+            sweep="interrupted",
+        )
+        proc = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while _agents_running(store, "interrupted") < 2:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert time.monotonic() < deadline, "two samples never reached their agents"
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            interrupted_at = time.monotonic()
+            output, _ = proc.communicate(timeout=180)
+            print(f"inspect exited {time.monotonic() - interrupted_at:.1f} s after SIGINT")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        attempts, executions, _ = _rows(store, "interrupted")
+        assert attempts, output[-2000:]
+        assert all(a.state == "done" for a in attempts), [
+            (a.task, a.model, a.state) for a in attempts
+        ]
+        assert all(a.bed_id is None and a.lease_expires_at is None for a in attempts)
+        assert all(e.finished_at is not None for e in executions)
+        started = [e for e in executions if e.agent_started]
+        assert len(started) >= 2 and all(e.result == "CANCELLED" for e in started), [
+            (e.result, e.reason) for e in started
+        ]
+        # Nothing cancelled counts: no attempt of the run is a pass or a failure.
+        assert all(a.outcome == "CANCELLED" for a in attempts), [a.outcome for a in attempts]
+        with store.read() as session:
+            for bed in session.scalars(select(Bed)):
+                assert bed.state == "active", (bed.name, bed.state, bed.state_reason)
+                # The agent's processes were not seen stopped: the next attempt restarts first.
+                assert (bed.meta or {}).get("agent_stopped") is False, bed.meta

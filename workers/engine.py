@@ -185,7 +185,11 @@ class AttemptReport:
 
 
 class _Cancelled(Exception):
-    """The sweep was cancelled; stop at this phase boundary."""
+    """The sweep was cancelled, or the harness's sample interrupted; stop at this boundary."""
+
+    def __init__(self, reason: str = "sweep cancelled") -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class _LeaseLost(Exception):
@@ -314,8 +318,8 @@ class AttemptEngine:
             attempt.lease = lease
             try:
                 verdict = attempt.execute()
-            except _Cancelled:
-                verdict = Verdict("final", "sweep cancelled", outcome=Outcome.CANCELLED)
+            except _Cancelled as cancelled:
+                verdict = Verdict("final", cancelled.reason, outcome=Outcome.CANCELLED)
             except _LeaseLost:
                 return self.store.retrying(lambda: self._record_lost(claim, attempt))
             except Exception as error:
@@ -916,7 +920,7 @@ class _Attempt:
         if end.interrupted:
             # The harness stopped the sample (a person's interrupt): never the model's failure.
             # The bed stays "agent not confirmed stopped": the next attempt there restarts it.
-            raise _Cancelled
+            raise _Cancelled("interrupted: the harness cancelled the sample")
         return Verdict("continue", end.summary)
 
     @property

@@ -29,6 +29,7 @@ from apg_farm.store import (
     Refusal,
     Store,
     Why,
+    cancel_attempt,
     open_harness_attempt,
 )
 from apg_farm.transports import CommandResult
@@ -108,9 +109,18 @@ class SampleBed:
         return self._handover.seat
 
     @classmethod
-    def take(cls, store: Store, config: ApgConfig, key: SampleKey) -> SampleBed:
+    def take(
+        cls,
+        store: Store,
+        config: ApgConfig,
+        key: SampleKey,
+        *,
+        stop: threading.Event | None = None,
+    ) -> SampleBed:
         """Claim the sample's attempt on a free bed of the pool and prepare that bed; raises
-        SampleRefused or NoBedReady (after the farm recorded what happened)."""
+        SampleRefused or NoBedReady (after the farm recorded what happened). `stop` set (the
+        sample was cancelled) ends the wait for a bed, and a bed taken meanwhile is let go."""
+        stop = stop or threading.Event()
         attempt = open_harness_attempt(
             store,
             key.spec(config),
@@ -120,7 +130,7 @@ class SampleBed:
             trial=key.trial,
             meta={"driver": DRIVER, **dict(key.record)},
         )
-        engine, claim = _claim(store, config, attempt)
+        engine, claim = _claim(store, config, attempt, stop)
         handover = HandOver(
             ("inspect", "sample", key.task, key.model, f"epoch={key.trial}"),
             key.record,
@@ -136,6 +146,12 @@ class SampleBed:
         while not handover.ready.wait(0.1):
             if not thread.is_alive():
                 break
+        taken = cls(engine, claim, handover, thread, reports)
+        if stop.is_set() and handover.ready.is_set():
+            taken.abandon()
+            raise SampleRefused(
+                f"{claim.label}: the sample was cancelled while its bed was prepared"
+            )
         if not handover.ready.is_set():
             thread.join()
             report = reports[0] if reports else None
@@ -146,7 +162,7 @@ class SampleBed:
                 fix="the farm recorded it (`apg-farm sweep status`); Inspect's retry_on_error "
                 "takes another bed",
             )
-        return cls(engine, claim, handover, thread, reports)
+        return taken
 
     def run(
         self,
@@ -196,12 +212,18 @@ class SampleBed:
         return self._reports[0]
 
 
-def _claim(store: Store, config: ApgConfig, attempt: HarnessAttempt) -> tuple[AttemptEngine, Claim]:
+def _claim(
+    store: Store, config: ApgConfig, attempt: HarnessAttempt, stop: threading.Event
+) -> tuple[AttemptEngine, Claim]:
     """The attempt claimed on a bed of the pool, under the claim's own rules (active beds only,
     caps and breakers, a retry away from the bed that failed it); waits while beds are busy."""
     deadline = time.monotonic() + config.wait_for_bed
     worker = worker_name()
     while True:
+        if stop.is_set():
+            # Interrupted before any bed took it: the attempt ends CANCELLED, not left queued.
+            cancel_attempt(store, attempt.attempt_id, "the Inspect sample was cancelled")
+            raise SampleRefused(f"{attempt.sweep_name}: the sample was cancelled waiting for a bed")
         waits: list[float] = []
         beds = _beds(store, config)
         if not beds:
@@ -232,7 +254,7 @@ def _claim(store: Store, config: ApgConfig, attempt: HarnessAttempt) -> tuple[At
                 f"no bed of pool {config.pool} took the sample within {config.wait_for_bed:g} s",
                 fix="more beds, fewer --max-sandboxes, or a longer wait_for_bed",
             )
-        time.sleep(min([_WAIT_STEP, *waits]) + random.uniform(0, 0.2))
+        stop.wait(min([_WAIT_STEP, *waits]) + random.uniform(0, 0.2))
 
 
 def _beds(store: Store, config: ApgConfig) -> list[str]:

@@ -8,8 +8,10 @@ engine judge the bed; an interrupted sample ends CANCELLED. docs/inspect.md says
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import threading
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
 
@@ -55,6 +57,31 @@ async def _in_thread(work: Callable[[], T]) -> T:
     return await anyio.to_thread.run_sync(work)
 
 
+#: How often a command's thread is looked at (a `ddev exec` takes 100 ms or more).
+_POLL = 0.01
+
+
+async def _in_daemon_thread(work: Callable[[], T]) -> T:
+    """`work` in a daemon thread, awaited by polling: cancelling the await leaves the thread to
+    finish alone, and the interpreter's exit does not wait for it (anyio's workers it would)."""
+    box: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(work())
+        except BaseException as error:  # re-raised in the awaiting task
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name="apg-sandbox-command", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        await anyio.sleep(_POLL)
+    if failed:
+        raise failed[0]
+    return box[0]
+
+
 @sandboxenv(name="apg")
 class ApgSandboxEnvironment(SandboxEnvironment):
     """A bed of the farm's pool, held for one sample."""
@@ -96,19 +123,33 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         settings = load_config(config)
         key = sample_key(settings, task_name, metadata)
         store = store_for(settings)
+        stop = threading.Event()
         taken: list[SampleBed] = []
+        failed: list[BaseException] = []
 
         def take() -> None:
-            taken.append(SampleBed.take(store, settings, key))
+            try:
+                taken.append(SampleBed.take(store, settings, key, stop=stop))
+            except BaseException as error:  # raised in the sample's task below
+                failed.append(error)
 
+        worker = threading.Thread(target=take, name="apg-sample-init", daemon=True)
+        worker.start()
         try:
-            await _in_thread(take)
+            while worker.is_alive():
+                await anyio.sleep(_POLL)
         except anyio.get_cancelled_exc_class():
-            # Cancelled while the bed was being prepared: the claim is not left running.
+            # Cancelled (an interrupt) while waiting for or preparing a bed: stop the wait, and
+            # let go of a bed taken meanwhile. No claim is left running.
+            stop.set()
             with anyio.CancelScope(shield=True):
+                while worker.is_alive():
+                    await anyio.sleep(_POLL)
                 if taken:
                     await _in_thread(taken[0].abandon)
             raise
+        if failed:
+            raise failed[0]
         return {"default": cls(taken[0])}
 
     @override
@@ -122,10 +163,13 @@ class ApgSandboxEnvironment(SandboxEnvironment):
     ) -> None:
         """The lease ends. Unscored, the bed is judged all the same (the agent acted and what
         it did counts); interrupted, the attempt ends CANCELLED."""
+        # Inspect reports an eval cancelled by an interrupt (SIGINT) as interrupted=False when
+        # its own handler caught the cancel first; the sample's task still has it pending.
+        cancelled = interrupted or _cancel_pending()
         with anyio.CancelScope(shield=True):
             for environment in environments.values():
                 if isinstance(environment, ApgSandboxEnvironment):
-                    end = environment.bed.abandon if interrupted else environment.bed.finish
+                    end = environment.bed.abandon if cancelled else environment.bed.finish
                     await _in_thread(end)
 
     @override
@@ -228,7 +272,11 @@ class ApgSandboxEnvironment(SandboxEnvironment):
     async def _run(
         self, argv: tuple[str, ...], timeout: float, limit: int, data: bytes | None
     ) -> CommandResult:
-        return await _in_thread(
+        # In a daemon thread of its own, given up on cancel (an interrupt): neither the sample's
+        # cleanup nor the process's exit waits for a command of the agent's to end. What it
+        # started in the container is the next claim's to stop (the attempt ends CANCELLED, the
+        # bed marked for a restart); the host-side `ddev` dies with this process.
+        return await _in_daemon_thread(
             lambda: self.bed.run(
                 argv, timeout=timeout, stdout_limit=limit, stderr_limit=64 * 1024, input=data
             )
@@ -248,6 +296,16 @@ class ApgSandboxEnvironment(SandboxEnvironment):
             f"(exit {result.rc}{', ' + result.transport_error if result.transport_error else ''})"
             + (f": {said}" if said else "")
         )
+
+
+def _cancel_pending() -> bool:
+    """The sample's asyncio task has a cancellation pending (the eval was interrupted). Nothing
+    the agent does sets it: a time or token limit's cancel is taken back before scoring."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not on asyncio (trio): only Inspect's own word counts
+        return False
+    return task is not None and task.cancelling() > 0
 
 
 def check_pool(store: Store, config: ApgConfig) -> None:

@@ -26,6 +26,7 @@ never wait for each other in opposite orders.
 | bed draining -> removed | `rules.finish_draining` | bed |
 | a model's believed outage opened | `judge_outage_claim` (pacing.believe_outage) | the model's gate |
 | a harness's sweep made, one sample's attempt queued | `open_harness_attempt` | the sweep |
+| queued -> done CANCELLED, one attempt (its sample interrupted) | `cancel_attempt` | the attempt |
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from apg_farm.store.models import (
     utcnow,
 )
 from apg_farm.store.pacing import add_spend, believe_outage
-from apg_farm.store.rules import finish_draining, pace_model, quarantine, settle, to_the_back
+from apg_farm.store.rules import done, finish_draining, pace_model, quarantine, settle, to_the_back
 from apg_farm.transports import CommandResult
 
 #: The bed meta key holding the web container's processes when an agent was last confirmed stopped.
@@ -531,6 +532,17 @@ def open_harness_attempt(
             sweep.spec_sha256 = grown.digest()
             session.flush()
         return HarnessAttempt(sweep.id, sweep.name, row.id, row.state, row.outcome)
+
+
+def cancel_attempt(store: Store, attempt_id: int, reason: str) -> bool:
+    """A queued attempt ends CANCELLED (its harness's sample was interrupted before a bed took
+    it); False when it is not queued any more (a bed took it: its verdict says how it ended)."""
+    with store.session() as session:
+        row = session.get(Attempt, attempt_id, with_for_update=not store.is_sqlite)
+        if row is None or row.state != AttemptState.QUEUED:
+            return False
+        done(row, Outcome.CANCELLED, reason)
+        return True
 
 
 def _harness_sweep(
