@@ -192,9 +192,23 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
         assert report.returncode == 0, report.stderr
         doc: dict[str, Any] = json.loads(report.stdout)
         rates = _model_rates(doc)
-        for log in logs:
-            accuracy = _accuracy(log)
-            assert rates[log.eval.model] == pytest.approx(accuracy), (rates, accuracy)
+        accuracy = {log.eval.model: _accuracy(log) for log in logs}
+        for model, value in accuracy.items():
+            assert rates[model] == pytest.approx(value), (rates, accuracy)
+        # Wilson per (task, model) and per model, and the paired comparison over the 3 tasks,
+        # from the same numbers Inspect's own log holds.
+        for cell in doc["cells"]:
+            assert cell["ci_low"] <= cell["pass_rate"] <= cell["ci_high"]
+        by_model = {row["model"]: row for row in doc["models"]}
+        for model, value in accuracy.items():
+            assert by_model[model]["pass_rate"] == pytest.approx(value)
+            assert by_model[model]["ci_low"] < value or value == 0
+        (pair,) = doc["comparisons"]
+        assert pair["pairs"] == 3
+        assert pair["rate_a"] == pytest.approx(accuracy[pair["model_a"]])
+        assert pair["rate_b"] == pytest.approx(accuracy[pair["model_b"]])
+        assert pair["diff"] == pytest.approx(pair["rate_a"] - pair["rate_b"])
+        assert pair["diff_low"] <= pair["diff"] <= pair["diff_high"]
 
 
 def _accuracy(log: Any) -> float:
