@@ -292,3 +292,30 @@ def test_sigint_to_inspect_releases_every_lease(tmp_path: Path) -> None:
                 assert bed.state == "active", (bed.name, bed.state, bed.state_reason)
                 # The agent's processes were not seen stopped: the next attempt restarts first.
                 assert (bed.meta or {}).get("agent_stopped") is False, bed.meta
+
+
+@pytest.mark.slow
+def test_a_sample_that_errors_after_its_agent_acted_counts_and_is_not_rerun(tmp_path: Path) -> None:
+    """A solver error is not an interrupt: the bed is judged (the attempt counts, FAILED here),
+    and Inspect's retry of the sample is refused, so the error buys no second chance."""
+    with container_pool(tmp_path / "pool", bed_image(), 1, prefix="ic") as (store, beds, config):
+        argv, env = _inspect(
+            tmp_path,
+            str(config.database_url),
+            beds[0].name,
+            ["-T", "script=crash", "-T", "tasks=dv01_view_build", "--retry-on-error", "2"],
+            sweep="crashed",
+        )
+        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        attempts, executions, _ = _rows(store, "crashed")
+        assert sorted((a.model, a.outcome) for a in attempts) == [
+            ("mockllm/strong", "FAILED"),
+            ("mockllm/weak", "FAILED"),
+        ], done.stdout[-2000:]
+        # One execution each: the retries Inspect asked for were refused, none ran.
+        assert len(executions) == 2 and all(e.agent_started for e in executions)
+        logs = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
+        for log in logs:
+            (sample,) = log.samples or []
+            assert sample.error is not None and "already done" in sample.error.message
+            assert next(r.message for r in sample.error_retries or []).startswith("RuntimeError")

@@ -47,6 +47,7 @@ SCRIPTS: dict[str, Any] = {
     "tamper": lambda t: [f"echo '// anything passes' >> {GRADER}", build(t)],
     "linger": lambda t: ["nohup sleep 600 > /dev/null 2>&1 & echo started", build(t)],
     "sleep": lambda t: ["sleep 120"],
+    "crash": lambda t: [],
 }
 
 #: (model, task) -> script; a task absent for a model idles.
@@ -86,7 +87,11 @@ def scripted_agent(script: str | None = None) -> Solver:
             "mockllm/model", custom_outputs=scripted(SCRIPTS[chosen](task_id)), memoize=False
         )
         agent = react(tools=[bash(timeout=180)], model=model)
-        return await as_solver(agent)(state, generate)
+        state = await as_solver(agent)(state, generate)
+        if chosen == "crash":
+            # The solver fails after the agent acted: Inspect records a sample error.
+            raise RuntimeError("the scripted solver crashed after its agent acted")
+        return state
 
     return solve
 
