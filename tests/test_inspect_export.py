@@ -96,3 +96,30 @@ def test_a_bad_sandbox_config_names_its_field(config: object, field: str) -> Non
     with pytest.raises((BadInput, NotFound)) as raised:
         load_config(config) if isinstance(config, str) else parse_config(config)
     assert field in str(raised.value), str(raised.value)
+
+
+def test_task_init_refuses_a_pool_without_a_bed_the_farm_would_use(tmp_path: Path) -> None:
+    """One clear error before any sample: no bed, or only one that is quarantined or not escrowed."""
+    import anyio
+
+    from apg_farm.inspect.sandbox import ApgSandboxEnvironment
+    from apg_farm.store import Store
+    from tests.rows import add_bed
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    config = parse_config({"database_url": url, "fixtures": ["kb_docs", "canvas_home"]})
+    with pytest.raises(BadInput, match="no active, escrowed bed in pool") as raised:
+        anyio.run(ApgSandboxEnvironment.task_init, "t", config)
+    assert raised.value.field == "fixtures"
+    store = Store(url)
+    bed = add_bed(store, "b1")
+    with store.session() as session:
+        from apg_farm.store import Bed
+
+        session.get_one(Bed, bed).state = "quarantined"
+    with pytest.raises(BadInput, match=r"b1 \(quarantined\)"):
+        anyio.run(ApgSandboxEnvironment.task_init, "t", config)
+    with store.session() as session:
+        session.get_one(Bed, bed).state = "active"
+    anyio.run(ApgSandboxEnvironment.task_init, "t", config)
+    store.dispose()

@@ -94,6 +94,18 @@ def test_stdin_is_dev_null() -> None:
     assert result.duration < 2
 
 
+def test_input_is_the_commands_whole_stdin() -> None:
+    """`input` arrives whole, every byte value, while the output is read (no deadlock on a
+    command that prints as it reads); one that exits without reading it ends all the same."""
+    payload = bytes(range(256)) * 40_000  # 10 MB
+    local = LocalTransport()
+    options = {"cwd": "/", "env": {"PATH": "/usr/bin:/bin"}, "timeout": 30, "stderr_limit": MiB}
+    echoed = local.run(["cat"], input=payload, stdout_limit=len(payload) + 1, **options)
+    assert echoed.rc == 0 and echoed.stdout.data == payload
+    ignored = local.run(["true"], input=payload, stdout_limit=MiB, **options)
+    assert ignored.rc == 0 and ignored.transport_error is None
+
+
 def test_environment_is_exactly_the_given_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """A farm secret in os.environ reaches neither bed_environment() nor the child."""
     monkeypatch.setenv("APG_FARM_DATABASE_URL", "postgresql://secret@db/farm")

@@ -295,3 +295,17 @@ def test_parse_ssh_address() -> None:
     for bad in ("bed-1", "@h", "u@h:0", "u@h:x", "u@h;rm", "u@[::1", "-o@h"):
         with pytest.raises(Exception, match="--ssh"):
             parse_ssh_address(bad)
+
+
+def test_stdin_reaches_the_remote_command_whole(host: SshHost) -> None:
+    """`input` is the command's whole stdin over SSH (the Inspect sandbox's exec and
+    write_file send data this way): bytes as given, NULs and all, then its end."""
+    host.pin()
+    transport = SshTransport(target(host))
+    payload = bytes(range(256)) * 20_000  # 5 MB, every byte value
+    counted = run(transport, ["sh", "-c", "wc -c; cat > /dev/null"], input=payload)
+    assert counted.rc == 0 and counted.stdout.data.split()[0] == str(len(payload)).encode()  # type: ignore[attr-defined]
+    echoed = run(transport, ["cat"], input=b"a\x00b\nc", stdout_limit=1 << 20)
+    assert echoed.stdout.data == b"a\x00b\nc"  # type: ignore[attr-defined]
+    empty = run(transport, ["cat"], input=b"")
+    assert (empty.rc, empty.stdout.data) == (0, b"")  # type: ignore[attr-defined]

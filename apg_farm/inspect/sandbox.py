@@ -318,7 +318,10 @@ def check_pool(store: Store, config: ApgConfig) -> None:
     ready = [
         b
         for b in beds
-        if b.state == BedState.ACTIVE and b.escrow_set and b.escrow_files and b.ddev_files
+        if b.state == BedState.ACTIVE
+        and b.escrow_set
+        and b.escrow_files
+        and b.ddev_files is not None
     ]
     if ready:
         return
