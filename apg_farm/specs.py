@@ -53,6 +53,7 @@ def _unique(values: list[str]) -> list[str]:
 
 
 SafeArg = Annotated[str, AfterValidator(_safe)]
+SweepName = Annotated[str, AfterValidator(_name)]
 SafeList = Annotated[list[SafeArg], Field(min_length=1), AfterValidator(_unique)]
 
 
@@ -76,7 +77,7 @@ class SweepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[str, AfterValidator(_name)]
+    name: SweepName
     """Unique name; submitting a sweep of the same name again adds only what is missing."""
     dataset: SafeArg | None = None
     """Dataset ref passed to `ai-eval-run --dataset` and to the grade; None lets the bed choose."""

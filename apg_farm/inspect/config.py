@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from apg_farm.defaults import DEFAULT_FIXTURES, LEASE_SECONDS
 from apg_farm.errors import BadInput, NotFound
-from apg_farm.specs import NAME, SafeArg, SafeList, Timeouts, describe_validation_error, pool_key
+from apg_farm.specs import (
+    SafeArg,
+    SafeList,
+    SweepName,
+    Timeouts,
+    describe_validation_error,
+    pool_key,
+)
 
 
 class ApgConfig(BaseModel):
@@ -28,7 +35,7 @@ class ApgConfig(BaseModel):
     """The farm's store; by default APG_FARM_DATABASE_URL, else the embedded one."""
     beds: list[SafeArg] | None = None
     """Only these beds of the pool (by name); by default every active one."""
-    sweep: str | None = None
+    sweep: SweepName | None = None
     """The sweep the run's samples are recorded in; by default one per Inspect run,
     `inspect-<run id>`. Naming one lets a later run add to it."""
     dataset: SafeArg | None = None
@@ -71,12 +78,6 @@ def parse_config(data: Any, *, source: str = "apg sandbox config") -> ApgConfig:
         config = ApgConfig.model_validate(data)
     except ValidationError as error:
         raise BadInput(describe_validation_error(error, source=source)) from None
-    if config.sweep is not None and not NAME.fullmatch(config.sweep):
-        raise BadInput(
-            f"{source}: sweep: {config.sweep!r} is not a sweep name",
-            field="sweep",
-            fix="use 1-100 letters, digits, '.', '_' or '-', starting alphanumeric",
-        )
     return config
 
 
