@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def test_demo_runs_and_report_agrees_with_the_store(tmp_path: Path) -> None:
     home = tmp_path / "home"
     done = farm(home, "demo", "--trials", "3", "--time-scale", "2000")
     assert "dv01_view_build" in done.stdout and "pass rate" in done.stdout
-    name = done.stdout.split("apg-farm report ")[-1].split()[0]
+    name = re.findall(r"apg-farm report (\S+)", done.stdout)[-1]
     report = json.loads(farm(home, "report", name, "--format", "json").stdout)
     assert {"sweep", "outcomes", "cells"} <= set(report)
     assert report["sweep"]["attempts"] == 18 and len(report["cells"]) == 6

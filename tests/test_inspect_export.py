@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -26,7 +27,7 @@ def test_the_demos_sweep_exported_as_inspect_logs_reads_back_with_the_reports_co
 ) -> None:
     home = tmp_path / "home"
     done = farm(home, "demo", "--trials", "2", "--time-scale", "2000")
-    name = done.stdout.split("apg-farm report ")[-1].split()[0]
+    name = re.findall(r"apg-farm report (\S+)", done.stdout)[-1]
     report = json.loads(farm(home, "report", name, "--format", "json").stdout)
     out = tmp_path / "logs"
     exported = farm(home, "export", name, "--inspect", str(out)).stdout

@@ -3,7 +3,7 @@ sandbox: one sample on a container bed on the real Docker engine, held by the fa
 
 Pulled in the way Inspect's tests run it for their docker and local providers: the checks are
 imported, `sandbox_env` yields the provider's environment, and the checks it cannot pass are
-strict xfails here, each one that Inspect's own local provider also declares.
+strict xfails here (none today), each one Inspect's own docker or local provider declares.
 """
 
 from __future__ import annotations
@@ -30,13 +30,9 @@ from tests.simbeds import bed_image
 
 pytestmark = pytest.mark.anyio
 
-#: Checks the `apg` sandbox fails on purpose, each declared by Inspect's local provider too
-#: (tests/tools/test_sandbox_docker_and_local.py, test_self_check_local).
-KNOWN_FAILURES = {
-    # Commands run as the web container's user only (DDEV's `ddev exec` has no user of its
-    # choosing): the provider raises SandboxUserUnsupportedError, as the local provider does.
-    "test_exec_as_user": "runs as the web container's user only, like Inspect's local provider",
-}
+#: Checks the `apg` sandbox fails on purpose, each one Inspect's own docker or local provider
+#: declares too (tests/tools/test_sandbox_docker_and_local.py). None: every check passes.
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 @dataclass

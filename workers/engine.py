@@ -901,6 +901,10 @@ class _Attempt:
         """The agent of an outside harness acts on the prepared bed; the farm waits for it to
         end and records that as the run phase. Nothing it says about itself is a verdict: what
         follows judges the bed, as after an APG run."""
+        problem = harness.prepare(self)
+        if problem is not None:
+            # Before any agent: the bed is not ready for this harness, nothing was run.
+            return Verdict("retry", problem, quarantine=problem)
         self._mark_agent_stopped(False)
         self.agent_started = True
         self.engine.store.retrying(self._record_agent_started)

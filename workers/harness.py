@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -59,6 +59,11 @@ class Seat(Protocol):
 
 
 class Harness(Protocol):
+    def prepare(self, seat: Seat) -> str | None:
+        """The harness's own last step before its agent may act (the bed is prepared and
+        verified): None when ready, else why not (a retry elsewhere; the bed is quarantined)."""
+        ...
+
     def run(self, seat: Seat) -> HarnessEnd:
         """Let the harness's agent act on the bed; return once it is done."""
         ...
@@ -73,9 +78,15 @@ class HandOver:
     """
 
     def __init__(
-        self, argv: tuple[str, ...], record: Mapping[str, str], *, timeout: float = math.inf
+        self,
+        argv: tuple[str, ...],
+        record: Mapping[str, str],
+        *,
+        timeout: float = math.inf,
+        prepare: Callable[[Seat], str | None] | None = None,
     ) -> None:
         self.argv = argv
+        self._prepare = prepare
         self.record = dict(record)
         self.timeout = timeout
         self.ready = threading.Event()
@@ -83,6 +94,9 @@ class HandOver:
         self._ended = threading.Event()
         self._interrupted = False
         self._summary = "the harness's agent ended"
+
+    def prepare(self, seat: Seat) -> str | None:
+        return self._prepare(seat) if self._prepare else None
 
     def run(self, seat: Seat) -> HarnessEnd:
         self.seat = seat

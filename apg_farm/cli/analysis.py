@@ -569,7 +569,7 @@ def export_cmd(
             err.print(f"[yellow]left out:[/] {escape(skipped)}", soft_wrap=True)
     if inspect is not None:
         try:
-            from apg_farm.inspect.logs import write_inspect_logs
+            from apg_farm.inspect import write_inspect_logs
         except ImportError:
             raise BadInput(
                 "Inspect AI is not installed",

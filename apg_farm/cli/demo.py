@@ -173,5 +173,9 @@ def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults:
     out.print(report_table(report))
     # What each model cost, per attempt and per pass, from the simulated adapters' records.
     out.print(cost_table(report))
-    out.print(f"stored in {store.safe_url()}; see it again with: apg-farm report {sweep.name}")
+    # Never wrapped: the command must survive a copy and paste from a narrow terminal.
+    out.print(
+        f"stored in {store.safe_url()}; see it again with: apg-farm report {sweep.name}",
+        soft_wrap=True,
+    )
     return ok

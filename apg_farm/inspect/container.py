@@ -1,11 +1,15 @@
-"""Inspect's exec, read_file and write_file as `ddev exec` command lines into a bed's web
+"""Inspect's exec, read_file and write_file as `docker exec` command lines into a bed's web
 container, and what their results mean in Inspect's terms.
 
-Every command goes through `ddev exec --raw` (no shell in between: each word arrives as it was
-given, and the exit code is the command's own), with what the farm adds launched by absolute
-path (`/usr/bin/timeout`, `/usr/bin/env`, `/bin/sh`), never resolved through the container's
-PATH, which the agent may have changed. Only the bed's own environment reaches the host-side
-`ddev`; the command gets exactly the variables Inspect asks for, inside the container.
+Not `ddev exec`: DDEV runs the project's `pre-exec`/`post-exec` hooks around it, and an
+`exec-host:` hook the agent wrote into `.ddev/config.*.yaml` with one call would run on the bed's
+host with the next. The farm finds the web container once, before the agent acts, by the labels
+DDEV puts on it (`com.ddev.approot` = the bed's approot, which the farm knows, and service `web`),
+and every command of the sample goes to that container id: each word arrives as it was given
+(no shell in between), the exit code is the command's own, the variables Inspect asks for are
+set through `docker exec -e`, and what the farm adds (`/usr/bin/timeout`, `/bin/sh`) is launched
+by absolute path, never resolved through a PATH the agent may have changed. The host-side
+`docker` gets the bed's own environment only.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ HOST_SLACK = 10
 FILE_TIMEOUT = 600
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?")
+#: The labels DDEV (docker compose) puts on a project's web container.
+APPROOT_LABEL = "com.ddev.approot"
+SERVICE_LABEL = "com.docker.compose.service"
 
 #: Exit codes of the read and write scripts, each one Inspect error.
 MISSING, DENIED, IS_DIRECTORY, TOO_BIG = 2, 13, 21, 27
@@ -57,37 +66,65 @@ def in_container(path: str, cwd: str = CONTAINER_ROOT) -> str:
     return path if path.startswith("/") else posixpath.join(cwd, path)
 
 
+def find_container_argv(approot: str) -> tuple[str, ...]:
+    """`docker ps` for the running web container of the project at `approot`."""
+    return (
+        "docker",
+        "ps",
+        "--no-trunc",
+        "--quiet",
+        "--filter",
+        f"label={APPROOT_LABEL}={approot}",
+        "--filter",
+        f"label={SERVICE_LABEL}=web",
+    )
+
+
+def container_id(result: CommandResult) -> str | None:
+    """The one container `docker ps` listed, or None (none, several, or docker failed)."""
+    if result.rc != 0 or result.stdout.truncated:
+        return None
+    ids = [line.strip() for line in result.stdout.text().splitlines() if line.strip()]
+    if len(ids) != 1 or not _CONTAINER_ID.fullmatch(ids[0]):
+        return None
+    return ids[0]
+
+
 def exec_argv(
-    ddev: str,
+    container: str,
     cmd: Sequence[str],
     *,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout: int | None = None,
+    user: str | None = None,
 ) -> tuple[str, ...]:
-    """The `ddev exec` line that runs `cmd` in the web container. Raises ValueError for what
-    cannot be passed on (an empty command, a NUL byte, a variable name a shell would not take)."""
+    """The `docker exec` line that runs `cmd` in the web container (as `user` there, else the
+    container's own user). Raises ValueError for what cannot be passed on (an empty command, a
+    NUL byte, a variable name a shell would not take, a user name that is not one)."""
     if not cmd:
         raise ValueError("an empty command")
     words = list(cmd)
-    for name in env or {}:
+    options: list[str] = []
+    if user is not None:
+        if not _USER.fullmatch(user):
+            raise ValueError(f"{user!r} is not a user name or uid[:gid]")
+        options += ["--user", user]
+    for name, value in (env or {}).items():
         if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"environment variable name {name!r} is not NAME=value-safe")
-    if env:
-        # `--` first: what follows are assignments, then the command, looked up in the PATH
-        # the assignments give (Inspect's contract for env).
-        words = ["/usr/bin/env", "--", *(f"{k}={v}" for k, v in env.items()), *words]
+        options += ["--env", f"{name}={value}"]
     if timeout is not None:
         words = ["/usr/bin/timeout", "-k", f"{KILL_AFTER}s", f"{int(timeout)}s", *words]
     directory = in_container(cwd) if cwd is not None else CONTAINER_ROOT
-    argv = (ddev, "exec", "--raw", "--quiet", f"--dir={directory}", "--", *words)
+    argv = ("docker", "exec", "--interactive", "--workdir", directory, *options, container, *words)
     if any("\x00" in word for word in argv):
         raise ValueError("a command word holds a NUL byte")
     return argv
 
 
-def script_argv(ddev: str, script: str, *args: str) -> tuple[str, ...]:
-    return exec_argv(ddev, ["/bin/sh", "-c", script, "apg-farm", *args])
+def script_argv(container: str, script: str, *args: str) -> tuple[str, ...]:
+    return exec_argv(container, ["/bin/sh", "-c", script, "apg-farm", *args])
 
 
 def host_timeout(timeout: int | None) -> float:
@@ -107,7 +144,9 @@ def timed_out(result: CommandResult, timeout: int | None) -> bool:
 def not_executable(result: CommandResult) -> bool:
     """The container runtime could not execute the command (exit 126 and its word for it), as
     Inspect's docker provider reads it: a PermissionError, not the command's failure."""
-    said = decode(result.stderr.data[:4096]).lower()
+    # Docker prints the runtime's refusal on stdout ("OCI runtime exec failed: ... permission
+    # denied"), DDEV and shells on stderr: either one.
+    said = decode(result.stdout.data[:4096] + result.stderr.data[:4096]).lower()
     return result.rc == 126 and "permission denied" in said
 
 

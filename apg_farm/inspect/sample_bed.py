@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from apg_farm.errors import FarmError
+from apg_farm.inspect import container
 from apg_farm.inspect.config import ApgConfig
 from apg_farm.specs import SweepSpec
 from apg_farm.store import (
@@ -37,6 +38,8 @@ from apg_farm.workers import AttemptEngine, AttemptReport, HandOver, Seat
 
 #: The sweeps of Inspect runs: no farm worker claims their attempts (store/claims.py).
 DRIVER = "inspect"
+#: Seconds `docker ps` may take to name the web container.
+FIND_TIMEOUT = 30.0
 #: Seconds between two rounds over the pool's beds while none is free.
 _WAIT_STEP = 1.0
 
@@ -91,7 +94,10 @@ class SampleBed:
         handover: HandOver,
         thread: threading.Thread,
         reports: list[AttemptReport],
+        container: str,
     ) -> None:
+        #: The web container's id, found by its DDEV labels before the agent acted.
+        self.container = container
         self.engine = engine
         self.claim = claim
         self._handover = handover
@@ -131,10 +137,12 @@ class SampleBed:
             meta={"driver": DRIVER, **dict(key.record)},
         )
         engine, claim = _claim(store, config, attempt, stop)
+        found: list[str] = []
         handover = HandOver(
             ("inspect", "sample", key.task, key.model, f"epoch={key.trial}"),
             key.record,
             timeout=config.timeouts.run,
+            prepare=lambda seat: _find_container(seat, found),
         )
         reports: list[AttemptReport] = []
         thread = threading.Thread(
@@ -146,7 +154,7 @@ class SampleBed:
         while not handover.ready.wait(0.1):
             if not thread.is_alive():
                 break
-        taken = cls(engine, claim, handover, thread, reports)
+        taken = cls(engine, claim, handover, thread, reports, found[0] if found else "")
         if stop.is_set() and handover.ready.is_set():
             taken.abandon()
             raise SampleRefused(
@@ -210,6 +218,28 @@ class SampleBed:
         if not self._reports:
             raise NoBedReady(f"the engine on bed {self.bed_name} stopped without a verdict")
         return self._reports[0]
+
+
+def _find_container(seat: Seat, found: list[str]) -> str | None:
+    """The bed's running web container, by the labels DDEV gives it (the approot the farm
+    enrolled, service web), found before the agent acts: every command of the sample goes to it."""
+    result = seat.transport.run(
+        container.find_container_argv(seat.bed.approot),
+        cwd=seat.bed.approot,
+        env=seat.env,
+        timeout=FIND_TIMEOUT,
+        stdout_limit=4096,
+        stderr_limit=4096,
+    )
+    cid = container.container_id(result)
+    if cid is None:
+        said = (result.transport_error or result.stderr.text() or result.stdout.text()).strip()
+        return (
+            f"the web container of {seat.bed.approot} was not found by its DDEV labels "
+            f"(docker ps: exit {result.rc}{': ' + said[:200] if said else ''})"
+        )
+    found.append(cid)
+    return None
 
 
 def _claim(

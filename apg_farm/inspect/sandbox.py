@@ -57,7 +57,7 @@ async def _in_thread(work: Callable[[], T]) -> T:
     return await anyio.to_thread.run_sync(work)
 
 
-#: How often a command's thread is looked at (a `ddev exec` takes 100 ms or more).
+#: How often a command's thread is looked at (a `docker exec` takes 50 ms or more).
 _POLL = 0.01
 
 
@@ -199,13 +199,13 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         timeout_retry: bool = True,
         concurrency: bool = True,
     ) -> ExecResult[str]:
-        if user is not None:
-            raise SandboxUserUnsupportedError(
-                f"the apg sandbox runs commands as the web container's user only, not {user!r}"
-            )
         try:
-            argv = container.exec_argv(self._ddev, cmd, cwd=cwd, env=env, timeout=timeout)
+            argv = container.exec_argv(
+                self.bed.container, cmd, cwd=cwd, env=env, timeout=timeout, user=user
+            )
         except ValueError as error:
+            if user is not None and "user" in str(error):
+                raise SandboxUserUnsupportedError(str(error)) from None
             raise BadInput(f"cannot run {cmd[:1]!r} in the bed: {error}") from None
         data = input.encode("utf-8") if isinstance(input, str) else input
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
@@ -222,9 +222,8 @@ class ApgSandboxEnvironment(SandboxEnvironment):
                 f"bed {self.bed.bed_name}: {result.transport_error or 'no exit status'}"
             )
         if container.not_executable(result):
-            raise PermissionError(
-                f"Permission denied executing command: {container.decode(result.stderr.data)}"
-            )
+            said = container.decode(result.stdout.data + result.stderr.data).strip()
+            raise PermissionError(f"Permission denied executing command: {said[:500]}")
         if result.stdout.truncated or result.stderr.truncated:
             raise OutputLimitExceededError(
                 SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
@@ -241,7 +240,7 @@ class ApgSandboxEnvironment(SandboxEnvironment):
     async def write_file(self, file: str, contents: str | bytes) -> None:
         data = contents.encode("utf-8") if isinstance(contents, str) else contents
         path = container.in_container(file)
-        argv = container.script_argv(self._ddev, container.WRITE_SCRIPT, path)
+        argv = container.script_argv(self.bed.container, container.WRITE_SCRIPT, path)
         result = await self._run(argv, container.FILE_TIMEOUT, 64 * 1024, data)
         self._file_result(result, file, "write")
 
@@ -255,7 +254,7 @@ class ApgSandboxEnvironment(SandboxEnvironment):
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         path = container.in_container(file)
-        argv = container.script_argv(self._ddev, container.READ_SCRIPT, path, str(limit))
+        argv = container.script_argv(self.bed.container, container.READ_SCRIPT, path, str(limit))
         result = await self._run(argv, container.FILE_TIMEOUT, limit + 1, None)
         if result.rc == container.TOO_BIG or result.stdout.truncated:
             raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
@@ -265,17 +264,13 @@ class ApgSandboxEnvironment(SandboxEnvironment):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    @property
-    def _ddev(self) -> str:
-        return self.bed.seat.bed.ddev
-
     async def _run(
         self, argv: tuple[str, ...], timeout: float, limit: int, data: bytes | None
     ) -> CommandResult:
         # In a daemon thread of its own, given up on cancel (an interrupt): neither the sample's
         # cleanup nor the process's exit waits for a command of the agent's to end. What it
         # started in the container is the next claim's to stop (the attempt ends CANCELLED, the
-        # bed marked for a restart); the host-side `ddev` dies with this process.
+        # bed marked for a restart); the host-side `docker` dies with this process.
         return await _in_daemon_thread(
             lambda: self.bed.run(
                 argv, timeout=timeout, stdout_limit=limit, stderr_limit=64 * 1024, input=data
