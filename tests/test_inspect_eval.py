@@ -137,6 +137,18 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
             ("mockllm/weak", "dv02_view_filter"): "FAILED",
         }, outcomes
         _no_overlap(executions)
+        # What the model calls cost, as Inspect metered them (100 input tokens a scripted call),
+        # recorded whatever the verdict (the tampered one too): the strong model's dv01 build is
+        # one bash call and the submit.
+        judged = [e for e in executions if e.agent_started and e.result != "RETRY"]
+        assert judged and all(e.input_tokens and e.input_tokens % 100 == 0 for e in judged)
+        built = next(
+            e
+            for e in judged
+            for a in attempts
+            if a.id == e.attempt_id and (a.model, a.task) == ("mockllm/strong", "dv01_view_build")
+        )
+        assert (built.input_tokens, built.output_tokens) == (200, 40)
         with store.read() as session:
             states = {b.name: (b.state, b.state_reason) for b in session.scalars(select(Bed))}
             tampered = next(e for e in executions if e.result == "TAMPERED")

@@ -109,7 +109,9 @@ def test_task_init_refuses_a_pool_without_a_bed_the_farm_would_use(tmp_path: Pat
 
     url = f"sqlite:///{tmp_path / 'farm.db'}"
     config = parse_config({"database_url": url, "fixtures": ["kb_docs", "canvas_home"]})
-    with pytest.raises(BadInput, match="no active, escrowed bed in pool") as raised:
+    with pytest.raises(
+        BadInput, match="no active, escrowed bed with a web container in pool"
+    ) as raised:
         anyio.run(ApgSandboxEnvironment.task_init, "t", config)
     assert raised.value.field == "fixtures"
     store = Store(url)
@@ -121,6 +123,12 @@ def test_task_init_refuses_a_pool_without_a_bed_the_farm_would_use(tmp_path: Pat
     with pytest.raises(BadInput, match=r"b1 \(quarantined\)"):
         anyio.run(ApgSandboxEnvironment.task_init, "t", config)
     with store.session() as session:
-        session.get_one(Bed, bed).state = "active"
+        row = session.get_one(Bed, bed)
+        row.state, row.web_container = "active", False
+    # A host-only bed has no container for the sample's commands.
+    with pytest.raises(BadInput, match=r"b1 \(active\)"):
+        anyio.run(ApgSandboxEnvironment.task_init, "t", config)
+    with store.session() as session:
+        session.get_one(Bed, bed).web_container = True
     anyio.run(ApgSandboxEnvironment.task_init, "t", config)
     store.dispose()

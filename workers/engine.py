@@ -455,7 +455,10 @@ class _Attempt:
                 if run_verdict.action == "retry":
                     return replace(run_verdict, claim=False, link_failure=True)
                 return verdict
-        self.usage = self._read_usage()
+        if self.harness is None:
+            # APG's adapter record is agent-writable: read only now, the agent stopped and the
+            # bed verified. A harness's metering came with the end of its turn.
+            self.usage = self._read_usage()
         if run_verdict.claim or run_verdict.adapter_not_started:
             # The run says it never got going; the agent may have written that (judge_claim).
             run_verdict = self._seen(
@@ -910,6 +913,9 @@ class _Attempt:
         self.engine.store.retrying(self._record_agent_started)
         started, clock = utcnow(), time.monotonic()
         end: HarnessEnd = harness.run(self)
+        # The harness made the model calls and metered them (the agent cannot write this): it
+        # is recorded whatever the verdict, a tampered attempt's spend included.
+        self.usage = end.usage
         duration = time.monotonic() - clock
         described = json.dumps(end.record, sort_keys=True).encode()
         result = CommandResult(

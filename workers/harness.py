@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from apg_farm.contract import Usage
+
 if TYPE_CHECKING:
     from apg_farm.transports import Transport
     from apg_farm.workers.engine import BedInfo
@@ -37,6 +39,9 @@ class HarnessEnd:
     summary: str = "the harness's agent ended"
     #: A person interrupted the sample: the attempt ends CANCELLED, never as the model's failure.
     interrupted: bool = False
+    #: What the agent's model calls cost, as the harness metered them (it makes the calls; the
+    #: agent cannot write this): the execution's cost and tokens, and the spend budgets count.
+    usage: Usage | None = None
 
 
 class Seat(Protocol):
@@ -94,6 +99,7 @@ class HandOver:
         self._ended = threading.Event()
         self._interrupted = False
         self._summary = "the harness's agent ended"
+        self._usage: Usage | None = None
 
     def prepare(self, seat: Seat) -> str | None:
         return self._prepare(seat) if self._prepare else None
@@ -113,11 +119,15 @@ class HandOver:
             record=self.record,
             summary=self._summary,
             interrupted=self._interrupted,
+            usage=self._usage,
         )
 
-    def end(self, *, interrupted: bool = False, summary: str | None = None) -> None:
+    def end(
+        self, *, interrupted: bool = False, summary: str | None = None, usage: Usage | None = None
+    ) -> None:
         """The harness's agent is done (or was interrupted): the engine judges the bed now."""
         self._interrupted = interrupted
+        self._usage = usage
         if summary:
             self._summary = summary
         self._ended.set()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
+from apg_farm.contract import Usage
 from apg_farm.errors import FarmError
 from apg_farm.inspect import container
 from apg_farm.inspect.config import ApgConfig
@@ -197,10 +198,11 @@ class SampleBed:
             input=input,
         )
 
-    def finish(self) -> AttemptReport:
+    def finish(self, usage: Usage | None = None) -> AttemptReport:
         """The agent is done: the engine judges the bed (stop what the agent left, the DDEV
-        configuration, the trusted verify, the grade) and records the verdict."""
-        return self._end(interrupted=False)
+        configuration, the trusted verify, the grade) and records the verdict, with what the
+        sample's model calls cost (`usage`, as Inspect metered them)."""
+        return self._end(interrupted=False, usage=usage)
 
     def abandon(self) -> AttemptReport:
         """The sample was interrupted: the attempt ends CANCELLED, the bed marked for a restart."""
@@ -210,10 +212,10 @@ class SampleBed:
     def report(self) -> AttemptReport | None:
         return self._reports[0] if self._reports else None
 
-    def _end(self, *, interrupted: bool) -> AttemptReport:
+    def _end(self, *, interrupted: bool, usage: Usage | None = None) -> AttemptReport:
         if not self._ended:
             self._ended = True
-            self._handover.end(interrupted=interrupted)
+            self._handover.end(interrupted=interrupted, usage=usage)
         self._thread.join()
         if not self._reports:
             raise NoBedReady(f"the engine on bed {self.bed_name} stopped without a verdict")
@@ -291,7 +293,10 @@ def _beds(store: Store, config: ApgConfig) -> list[str]:
     """The pool's active beds (those named in the config, when it names some), shuffled so
     that samples starting together spread over the pool."""
     with store.read() as session:
-        query = select(Bed.name).where(Bed.pool == config.pool, Bed.state == BedState.ACTIVE)
+        # Only beds with a web container: the sample's commands run in it (container.py).
+        query = select(Bed.name).where(
+            Bed.pool == config.pool, Bed.state == BedState.ACTIVE, Bed.web_container.is_(True)
+        )
         if config.beds:
             query = query.where(Bed.name.in_(config.beds))
         names = list(session.scalars(query))

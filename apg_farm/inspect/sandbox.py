@@ -9,6 +9,7 @@ engine judge the bed; an interrupted sample ends CANCELLED. docs/inspect.md says
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import threading
@@ -30,6 +31,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from typing_extensions import override
 
+from apg_farm.contract import Usage
 from apg_farm.errors import BadInput
 from apg_farm.inspect import container
 from apg_farm.inspect.config import ApgConfig, load_config, parse_config
@@ -169,8 +171,11 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         with anyio.CancelScope(shield=True):
             for environment in environments.values():
                 if isinstance(environment, ApgSandboxEnvironment):
-                    end = environment.bed.abandon if cancelled else environment.bed.finish
-                    await _in_thread(end)
+                    bed = environment.bed
+                    if cancelled:
+                        await _in_thread(bed.abandon)
+                    else:
+                        await _in_thread(functools.partial(bed.finish, sample_usage()))
 
     @override
     @classmethod
@@ -181,8 +186,9 @@ class ApgSandboxEnvironment(SandboxEnvironment):
 
     async def judge(self) -> AttemptReport:
         """End the agent's turn: the engine judges the bed and records the verdict (once)."""
+        usage = sample_usage()
         with anyio.CancelScope(shield=True):
-            report = await _in_thread(self.bed.finish)
+            report = await _in_thread(lambda: self.bed.finish(usage))
         return report
 
     # -- commands in the web container ---------------------------------------------------------
@@ -293,6 +299,27 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         )
 
 
+def sample_usage() -> Usage | None:
+    """What the current sample's model calls cost, as Inspect metered them (all models summed);
+    the cost only when Inspect priced every one."""
+    from inspect_ai.model._model import sample_model_usage
+
+    metered = list(sample_model_usage().values())
+    if not metered:
+        return None
+    costs = [u.total_cost for u in metered]
+    return Usage(
+        cost_usd=sum(c for c in costs if c is not None)
+        if all(c is not None for c in costs)
+        else None,
+        input_tokens=sum(u.input_tokens for u in metered),
+        output_tokens=sum(u.output_tokens for u in metered),
+        cache_read_tokens=sum(u.input_tokens_cache_read or 0 for u in metered),
+        cache_write_tokens=sum(u.input_tokens_cache_write or 0 for u in metered),
+        status="inspect",
+    )
+
+
 def _cancel_pending() -> bool:
     """The sample's asyncio task has a cancellation pending (the eval was interrupted). Nothing
     the agent does sets it: a time or token limit's cancel is taken back before scoring."""
@@ -304,7 +331,8 @@ def _cancel_pending() -> bool:
 
 
 def check_pool(store: Store, config: ApgConfig) -> None:
-    """The pool has an active bed the farm would run an attempt on (escrowed, fingerprinted)."""
+    """The pool has an active bed the farm would run a sample on (escrowed, fingerprinted, with
+    a web container for the sample's commands)."""
     with store.read() as session:
         query = select(Bed).where(Bed.pool == config.pool)
         if config.beds:
@@ -314,6 +342,7 @@ def check_pool(store: Store, config: ApgConfig) -> None:
         b
         for b in beds
         if b.state == BedState.ACTIVE
+        and b.web_container
         and b.escrow_set
         and b.escrow_files
         and b.ddev_files is not None
@@ -322,7 +351,8 @@ def check_pool(store: Store, config: ApgConfig) -> None:
         return
     seen = ", ".join(f"{b.name} ({b.state})" for b in beds) or "none"
     raise BadInput(
-        f"apg sandbox: no active, escrowed bed in pool {config.pool} (beds: {seen})",
+        f"apg sandbox: no active, escrowed bed with a web container in pool {config.pool} "
+        f"(beds: {seen})",
         field="fixtures",
         fix="enrol beds with `apg-farm bed add` after `ai-eval-escrow`; `apg-farm bed list` shows the pool",
     )
