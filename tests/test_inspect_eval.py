@@ -331,3 +331,38 @@ def test_a_sample_that_errors_after_its_agent_acted_counts_and_is_not_rerun(tmp_
             (sample,) = log.samples or []
             assert sample.error is not None and "already done" in sample.error.message
             assert next(r.message for r in sample.error_retries or []).startswith("RuntimeError")
+
+
+@pytest.mark.slow
+def test_a_ddev_hook_planted_in_a_sample_never_runs_on_the_host(tmp_path: Path) -> None:
+    """The agent writes an `exec-host:` hook into `.ddev/` and makes another call: its calls go
+    by `docker exec`, never through `ddev` on the host, so the hook does not run there; and the
+    changed DDEV configuration makes the attempt TAMPERED, the bed quarantined."""
+    marker = Path("/tmp/apg-farm-inspect-hook-fired")
+    marker.unlink(missing_ok=True)
+    try:
+        with container_pool(tmp_path / "pool", bed_image(), 1, prefix="ih") as (
+            store,
+            beds,
+            config,
+        ):
+            argv, env = _inspect(
+                tmp_path,
+                str(config.database_url),
+                beds[0].name,
+                ["-T", "script=hook", "-T", "tasks=dv01_view_build", "--model", MODELS[0]],
+                sweep="hooked",
+            )
+            argv = [a for a in argv if a != ",".join(MODELS)]
+            argv.remove("--model")
+            done = subprocess.run(
+                argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+            )
+            assert not marker.exists(), "the planted hook ran on the bed's host"
+            attempts, _, _ = _rows(store, "hooked")
+            (attempt,) = attempts
+            assert attempt.outcome == "TAMPERED", (attempt.reason, done.stdout[-1500:])
+            with store.read() as session:
+                assert session.get_one(Bed, beds[0].id).state == "quarantined"
+    finally:
+        marker.unlink(missing_ok=True)

@@ -22,6 +22,8 @@ from apg_farm.inspect import apg_grade
 from apg_farm.inspect.config import load_config
 from apg_farm.inspect.dataset import apg_dataset
 
+#: What a planted DDEV hook would create on the bed's host, had it run.
+HOOK_MARKER = "/tmp/apg-farm-inspect-hook-fired"
 GRADER = "web/modules/contrib/ai_eval/modules/ai_eval_droost/src/Plugin/AiEvalGrader/DroostStateGrader.php"
 
 
@@ -48,6 +50,13 @@ SCRIPTS: dict[str, Any] = {
     "linger": lambda t: ["nohup sleep 600 > /dev/null 2>&1 & echo started", build(t)],
     "sleep": lambda t: ["sleep 120"],
     "crash": lambda t: [],
+    # A DDEV hook that would run on the bed's host at the next `ddev exec`, then a second call.
+    "hook": lambda t: [
+        "mkdir -p .ddev && printf 'hooks:\\n  pre-exec:\\n    - exec-host: touch "
+        + HOOK_MARKER
+        + "\\n' > .ddev/config.hook.yaml",
+        "true",
+    ],
 }
 
 #: (model, task) -> script; a task absent for a model idles.
