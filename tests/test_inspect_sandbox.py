@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import pytest
@@ -94,3 +95,24 @@ async def test_the_checks_ran_as_a_farm_attempt_on_a_leased_bed(held: HeldSample
     ]:
         assert names.index(before) < names.index(after), names
     assert names.index("verify_after") < names.index("grade"), names
+
+
+def test_past_the_run_timeout_the_agent_acts_no_more_and_the_bed_is_judged(
+    tmp_path: Path,
+) -> None:
+    """A sample that outlasts `timeouts.run`: the engine stops waiting and judges the bed, and
+    from then on every command of the agent's is refused (none races the verify or the grade)."""
+    from apg_farm.inspect.sample_bed import SampleBed, SampleKey, SampleRefused
+
+    with container_pool(tmp_path / "pool", bed_image(), 1, prefix="to") as (store, _, config):
+        short = config.model_copy(
+            update={"timeouts": config.timeouts.model_copy(update={"run": 1.0})}
+        )
+        key = SampleKey("timeout", simbed.DEFAULT_TASKS[0], simbed.DEFAULT_MODELS[0], 1, None)
+        bed = SampleBed.take(store, short, key)
+        bed._thread.join(timeout=60)  # the engine judges on its own once the run timeout passed
+        assert not bed._thread.is_alive()
+        with pytest.raises(SampleRefused, match="judging the bed"):
+            bed.run(("true",), timeout=10, stdout_limit=100, stderr_limit=100)
+        report = bed.finish()
+        assert report.outcome in COUNTED, report.verdict.reason

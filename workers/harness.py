@@ -97,6 +97,9 @@ class HandOver:
         self.ready = threading.Event()
         self.seat: Seat | None = None
         self._ended = threading.Event()
+        #: Set once the engine stopped waiting, for whatever reason (the harness's end, the
+        #: run timeout, a lost lease): from then on the bed is the farm's, the agent acts no more.
+        self.closed = threading.Event()
         self._interrupted = False
         self._summary = "the harness's agent ended"
         self._usage: Usage | None = None
@@ -107,13 +110,16 @@ class HandOver:
     def run(self, seat: Seat) -> HarnessEnd:
         self.seat = seat
         self.ready.set()
-        waited = 0.0
-        while not self._ended.wait(POLL):
-            seat.check_boundary()
-            waited += POLL
-            if waited >= self.timeout:
-                self._summary = f"the harness's agent did not end within {self.timeout:g} s"
-                break
+        try:
+            waited = 0.0
+            while not self._ended.wait(POLL):
+                seat.check_boundary()
+                waited += POLL
+                if waited >= self.timeout:
+                    self._summary = f"the harness's agent did not end within {self.timeout:g} s"
+                    break
+        finally:
+            self.closed.set()
         return HarnessEnd(
             argv=self.argv,
             record=self.record,

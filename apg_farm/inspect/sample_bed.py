@@ -183,7 +183,9 @@ class SampleBed:
         input: bytes | None = None,
     ) -> CommandResult:
         """One command on the bed's host with the bed's environment (never the farm's)."""
-        if self._ended:
+        if self._ended or self._handover.closed.is_set():
+            # The farm judges the bed now (the sample ended, or outlasted the run timeout): a
+            # command of the agent's must not race the verify and the grade.
             raise SampleRefused(
                 f"the sample on bed {self.bed_name} has ended: the farm is judging the bed"
             )

@@ -366,7 +366,13 @@ def sample_key(config: ApgConfig, task_name: str, metadata: dict[str, Any]) -> S
     active = sample_active()
     task = str(metadata.get("apg_task") or metadata.get("__sample_id__") or "")
     model = active.model if active is not None else str(metadata.get("apg_model") or "")
-    trial = active.epoch if active is not None else int(metadata.get("apg_trial") or 1)
+    try:
+        trial = active.epoch if active is not None else int(metadata.get("apg_trial") or 1)
+    except (TypeError, ValueError):
+        raise BadInput(
+            f"apg sandbox: metadata apg_trial {metadata.get('apg_trial')!r} is not a number",
+            field="apg_trial",
+        ) from None
     dataset = metadata.get("apg_dataset") or config.dataset
     run_id = active.run_id if active is not None else None
     record = {"inspect_task": task_name, "sample_id": str(metadata.get("__sample_id__", ""))}
