@@ -84,6 +84,12 @@ def test_check_passes_its_own_baseline_and_fails_a_weaker_model(
     assert "base-ref" in out and "yes" in out
     against = json.loads(cli("compare", str(path), "weak", "--format", "json")[0])
     assert against["a"].startswith("baseline base-ref") and against["b"].startswith("sweep weak")
+    # Two tasks: no task-clustered interval, so the plain tolerance gates, saying why.
+    assert "gated on the plain tolerance: 2 task(s)" in weaker.stdout
+    [row] = [m for m in against["models"] if m["model"] == WEAK_MODEL]
+    assert row["clustered"]["tasks"] == 2 and "unavailable" in row["clustered"]
+    _, err = cli("check", str(path), "weak", "--plain-tolerance", "--significant-only", code=2)
+    assert "--plain-tolerance" in err
 
 
 def test_report_formats(cli: Cli, tmp_path: Path) -> None:
@@ -98,6 +104,16 @@ def test_report_formats(cli: Cli, tmp_path: Path) -> None:
     assert 'id="forest-plot"' in page.read_text()
     table, _ = cli("report", "base", "--k", "2")
     assert "pairwise comparison" in table and "pass rate" in table
+    # Per model: the naive interval, and the clustered one's absence with two tasks said.
+    assert "per model, pooled over tasks" in table and "— (2 tasks < 5)" in table
+    for row in report["models"]:
+        assert row["clustered"] == {
+            "tasks": 2,
+            "n": row["n"],
+            "min_tasks": 5,
+            "unavailable": "2 task(s): a task-clustered interval needs at least 5; "
+            "run more tasks, not more trials",
+        }
     cli("report", "base", "--format", "pdf", code=2)
 
 

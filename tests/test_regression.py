@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from apg_farm.results import CheckPolicy, Side, check_regression, compare
 
 M1, M2 = "anthropic/m1", "openai/m2"
@@ -192,3 +194,54 @@ def test_compare_pools_only_shared_tasks() -> None:
     assert row["diff"] == 0.1 or abs(row["diff"] - 0.1) < 1e-12
     assert row["diff_low"] < row["diff"] < row["diff_high"]
     assert f"t3 {M1}" in result["only_in_b"] and f"t2 {M1}" in result["only_in_a"]
+
+
+# --- which interval the model-level gate reads (task-clustered by default) -----------------------
+
+#: Eight tasks at 50 % for M1, 100 attempts each.
+EIGHT = {(f"t{i}", M1): (50, 100) for i in range(8)}
+
+
+def test_a_drop_within_the_task_clustered_noise_is_a_warning_unless_plain_tolerance() -> None:
+    """M1 drops 7.5 points pooled, but task by task it moves from +30 to -50: the fixed-n
+    interval excludes zero, the task-clustered one does not. The check warns by default and
+    fails with --plain-tolerance."""
+    moves = [30, -50, 20, -40, 10, -30, 20, -20]
+    candidate = {(f"t{i}", M1): (50 + move, 100) for i, move in enumerate(moves)}
+    base, cand = side(grid(EIGHT)), side(grid(candidate))
+    row = compare(base.summary, cand.summary)["models"][0]
+    assert row["diff"] == pytest.approx(-0.075) and row["diff_high"] < 0  # Newcombe: significant
+    assert row["clustered"]["low"] < 0 < row["clustered"]["high"]
+
+    def model_lines(lines: list[str]) -> list[str]:
+        # The tasks that fell clearly fail on their own (rule 6) either way.
+        return [line for line in lines if line.startswith(f"model {M1}")]
+
+    default = check_regression(base, cand, CheckPolicy(max_rate_drop=0.05))
+    assert model_lines(default.failures) == []
+    [warning] = model_lines(default.warnings)
+    assert "within the task-clustered noise" in warning
+    plain = check_regression(base, cand, CheckPolicy(max_rate_drop=0.05, plain_tolerance=True))
+    [failure] = model_lines(plain.failures)
+    assert failure.startswith(f"model {M1}: pass rate 50%")
+    assert "task-clustered over 8 tasks" in failure
+
+
+def test_a_drop_on_every_task_fails_on_the_clustered_interval() -> None:
+    """The same 7.5-point pooled drop, spread over every task: the clustered interval lies
+    below zero and the check fails by default."""
+    candidate = {(f"t{i}", M1): (42 + i % 2, 100) for i in range(8)}
+    base, cand = side(grid(EIGHT)), side(grid(candidate))
+    verdict = check_regression(base, cand, CheckPolicy(max_rate_drop=0.05))
+    assert not verdict.ok
+    row = verdict.comparison["models"][0]
+    assert row["clustered"]["high"] < 0
+    assert any("task-clustered over 8 tasks" in f for f in verdict.failures)
+
+
+def test_under_five_tasks_the_plain_tolerance_gates_and_says_why() -> None:
+    """Two tasks give no clustered interval: a drop beyond the tolerance fails, saying so."""
+    candidate = {**BASE, ("t1", M2): (12, 50), ("t2", M2): (18, 50)}
+    verdict = check_regression(side(grid(BASE)), side(grid(candidate)), CheckPolicy())
+    [failure] = [f for f in verdict.failures if f.startswith(f"model {M2}")]
+    assert "gated on the plain tolerance: 2 task(s)" in failure

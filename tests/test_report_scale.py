@@ -34,6 +34,8 @@ from apg_farm.results.analysis import (
     _rate_cell,
     model_rows,
 )
+from apg_farm.results.clustered import Clustered, clustered_mean, two_sided_p
+from apg_farm.results.clustered import as_dict as clustered_dict
 from apg_farm.results.costs import COST_KEYS
 from apg_farm.results.report import CELL_COUNTS
 from apg_farm.results.second_chance import CELL_KEYS as SECOND_CHANCE_KEYS
@@ -103,12 +105,21 @@ def _old_report(store: Store, sweep: Sweep) -> dict[str, Any]:
     }
 
 
+def _clustered_with_p(groups: list[list[float]]) -> dict[str, Any]:
+    result = clustered_mean(groups, bounds=(-1, 1))
+    found = clustered_dict(result)
+    if isinstance(result, Clustered):
+        found["p_value"] = two_sided_p(result)
+    return found
+
+
 def _old_comparisons(
     outcomes: dict[tuple[str, str, int], str], models: list[str]
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for first, second in itertools.combinations(models, 2):
         pairs = []
+        by_task: dict[str, list[float]] = {}
         for (task, model, trial), outcome in outcomes.items():
             if model != first or outcome not in COUNTED:
                 continue
@@ -116,6 +127,8 @@ def _old_comparisons(
             if other is None or other not in COUNTED:
                 continue
             pairs.append((outcome == Outcome.PASSED, other == Outcome.PASSED))
+            difference = (outcome == Outcome.PASSED) - (other == Outcome.PASSED)
+            by_task.setdefault(task, []).append(float(difference))
         result = paired_comparison(pairs)
         diff = result.difference
         rows.append(
@@ -137,6 +150,8 @@ def _old_comparisons(
                 "diff_low": diff.low,
                 "diff_high": diff.high,
                 "p_value": result.p_value,
+                # Every paired difference listed per task: the clustered mean of the lists.
+                "clustered": _clustered_with_p(list(by_task.values())),
             }
         )
     for row, adjusted in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
@@ -383,7 +398,8 @@ def _without_costs(report: dict[str, Any]) -> dict[str, Any]:
 def test_analysis_equals_the_row_by_row_one(store: Store) -> None:
     """Same JSON, byte for byte, as the analysis that read every row: cells, models, pairs,
     phases, beds, provenance; on SQLite and PostgreSQL (percentile_cont vs a window)."""
-    build_sweep(store, 1500, tasks=4, models=4, envelopes=True, phases=3, seed=3)
+    # Six tasks: the clustered intervals exist (five at least).
+    build_sweep(store, 1500, tasks=6, models=4, envelopes=True, phases=3, seed=3)
     sweep_id = find_sweep(store, "bench").id
     _twist(store, sweep_id)
     sweep = find_sweep(store, "bench")
@@ -397,6 +413,8 @@ def test_analysis_equals_the_row_by_row_one(store: Store) -> None:
     # The twists show up: they are what the comparison above had to get right.
     assert result["outcomes"]["WEIRD"] == 1 and result["outcomes"]["RUNNING"] == 3
     assert "aaa/extra" in [m["model"] for m in result["models"]]
+    # Clustered intervals were computed, not only their absence compared.
+    assert any("high" in r["clustered"] for r in result["comparisons"])
     assert any("grader_tree_sha256" in w for w in result["provenance"]["warnings"])
     assert any(b["lost"] == 1 for b in result["beds"])
     assert [b["quarantined_during_sweep"] for b in result["beds"] if b["bed"] == "bed03"] == [1]

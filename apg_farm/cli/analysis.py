@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -58,12 +59,47 @@ def _emit(text: str, output: Path | None) -> None:
     err.print(escape(f"wrote {output}"))
 
 
+def _clustered_ci(row: dict[str, Any], show: Callable[[float | None], str]) -> str:
+    """A row's task-clustered 95 % interval, or why there is none."""
+    clustered = row.get("clustered")
+    if not clustered:
+        return "—"
+    if "high" not in clustered:
+        return f"— ({clustered['tasks']} tasks < {clustered['min_tasks']})"
+    return f"{show(clustered['low'])} to {show(clustered['high'])}"
+
+
+def models_table(report: dict[str, Any]) -> Table:
+    """Per model, pooled over its tasks: the rate with the naive and the task-clustered interval."""
+    table = Table(title="per model, pooled over tasks")
+    table.add_column("model", no_wrap=True)
+    for name in ("tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in report["models"]:
+        naive = f"{_pct(row['ci_low'])}–{_pct(row['ci_high'])}" if row["n"] else "—"
+        table.add_row(
+            row["model"],
+            str(row["tasks"]),
+            str(row["n"]),
+            _pct(row["pass_rate"]),
+            naive,
+            _clustered_ci(row, _pct),
+        )
+    table.caption = (
+        "naive: Wilson, every attempt independent; task-clustered: CR2 with tasks as clusters, "
+        "t on tasks - 1 df (docs/analysis.md). Read the clustered one."
+    )
+    return table
+
+
 def comparisons_table(report: dict[str, Any]) -> Table:
     """Pairwise model comparisons: paired difference, Newcombe interval, exact McNemar p, Holm."""
     table = Table(title="pairwise comparison (paired over shared task × trial cells)")
     for name in ("model A", "model B"):
         table.add_column(name, no_wrap=True)
-    for name in ("pairs", "A only", "B only", "A", "B", "A−B pts", "95% CI", "p", "p Holm"):
+    for name in ("pairs", "A only", "B only", "A", "B", "A−B pts", "95% CI", "clustered CI"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for name in ("p", "p Holm"):
         table.add_column(name, justify="right", no_wrap=True)
     for row in report["comparisons"]:
         table.add_row(
@@ -76,10 +112,14 @@ def comparisons_table(report: dict[str, Any]) -> Table:
             _pct(row["rate_b"]),
             _pts(row["diff"]),
             f"{_pts(row['diff_low'])} to {_pts(row['diff_high'])}",
+            _clustered_ci(row, _pts),
             f"{row['p_value']:.3g}",
             f"{row['p_holm']:.3g}",
         )
-    table.caption = "p: exact McNemar on discordant pairs; Holm-adjusted over all pairs."
+    table.caption = (
+        "95% CI: Newcombe, pairs independent; clustered CI: the paired difference with tasks as "
+        "clusters. p: exact McNemar on discordant pairs; Holm-adjusted over all pairs."
+    )
     return table
 
 
@@ -101,6 +141,7 @@ def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None)
         _emit(render_html(report), output)
     else:
         out.print(report_table(report))
+        out.print(models_table(report))
         if any(row.get("cost_usd") is not None for row in report["models"]):
             out.print(cost_table(report))
         out.print(second_chance_table(report))
@@ -219,6 +260,8 @@ def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:
             table.add_column(key, no_wrap=True)
         for name in ("A n", "A", "A 95% CI", "B n", "B", "B 95% CI", "B−A pts", "95% CI"):
             table.add_column(name, justify="right", no_wrap=True)
+        if keys == ("model",):
+            table.add_column("clustered CI", justify="right", no_wrap=True)
         for row in rows:
             sides = []
             for side in ("a", "b"):
@@ -230,6 +273,7 @@ def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:
                 *sides,
                 _pts(row["diff"]),
                 f"{_pts(row['diff_low'])} to {_pts(row['diff_high'])}",
+                *([_clustered_ci(row, _pts)] if keys == ("model",) else []),
             )
         tables.append(table)
     return tables
@@ -419,7 +463,17 @@ def check_cmd(
     max_error: Annotated[int, typer.Option(help="ERROR attempts allowed.", min=0)] = 0,
     significant_only: Annotated[
         bool,
-        typer.Option(help="Count a model's drop only when its 95 % interval excludes zero."),
+        typer.Option(
+            help="Where no task-clustered interval exists (under 5 tasks), count a model's drop "
+            "only when its fixed-n 95 % interval excludes zero."
+        ),
+    ] = False,
+    plain_tolerance: Annotated[
+        bool,
+        typer.Option(
+            help="Count every model drop beyond --max-rate-drop, even within the task-clustered "
+            "noise (by default such a drop is a warning)."
+        ),
     ] = False,
     indispensable: Annotated[
         list[str] | None,
@@ -445,6 +499,13 @@ def check_cmd(
 
     if fmt not in ("text", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
+    if plain_tolerance and significant_only:
+        raise BadInput(
+            "--plain-tolerance counts every drop beyond the tolerance; --significant-only only "
+            "those outside an interval",
+            field="--plain-tolerance",
+            fix="give one of the two",
+        )
     allowed = parse_cost_increase(max_cost_increase)
     rerun_allowed = parse_rerun_share(max_rerun_share)
     gates = parse_indispensable(indispensable or [])
@@ -454,6 +515,7 @@ def check_cmd(
         max_invalid=max_invalid,
         max_error=max_error,
         significant_only=significant_only,
+        plain_tolerance=plain_tolerance,
         max_cost_increase=allowed,
         max_rerun_share=rerun_allowed,
     )

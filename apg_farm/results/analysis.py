@@ -22,6 +22,8 @@ from apg_farm import __version__
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
 from apg_farm.contract import Outcome
 from apg_farm.results import queries
+from apg_farm.results.clustered import Clustered, clustered_sums, two_sided_p
+from apg_farm.results.clustered import as_dict as clustered_dict
 from apg_farm.results.costs import add_costs
 from apg_farm.results.report import CELL_COUNTS, report_from_cells
 from apg_farm.results.second_chance import add_second_chance
@@ -97,10 +99,23 @@ def model_rows(cells: list[dict[str, Any]], models: list[str]) -> list[dict[str,
                 "ci_high": high if row["n"] else None,
                 "pass_at_k": _mean(c.get("pass_at_k") for c in mine),
                 "pass_hat_k": _mean(c.get("pass_hat_k") for c in mine),
+                # Tasks as clusters: the interval the pooled rate has when tasks differ.
+                "clustered": clustered_dict(clustered_sums([(c["passed"], c["n"]) for c in mine])),
             }
         )
         rows.append(row)
     return rows
+
+
+def _paired_clustered(tally: queries.Tally, first: str, second: str) -> dict[str, Any]:
+    """The paired difference first - second with tasks as clusters, and its t test's p."""
+    # Per task: (only first passed) - (only second passed), over the task's pairs.
+    tables = tally.pair_by_task(first, second).values()
+    result = clustered_sums([(t[1] - t[2], sum(t)) for t in tables], bounds=(-1, 1))
+    found = clustered_dict(result)
+    if isinstance(result, Clustered):
+        found["p_value"] = two_sided_p(result)
+    return found
 
 
 def _comparisons(tally: queries.Tally, models: list[str]) -> list[dict[str, Any]]:
@@ -128,6 +143,8 @@ def _comparisons(tally: queries.Tally, models: list[str]) -> list[dict[str, Any]
                 "diff_low": diff.low,
                 "diff_high": diff.high,
                 "p_value": result.p_value,
+                # The paired difference a - b over the cells, tasks as clusters.
+                "clustered": _paired_clustered(tally, first, second),
             }
         )
     for row, adjusted in zip(rows, holm([r["p_value"] for r in rows]), strict=True):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Fewer tasks than this and a clustered interval is not given.
 MIN_TASKS = 5
@@ -58,20 +59,96 @@ def clustered_mean(
 ) -> Clustered | TooFewTasks:
     """The pooled mean of every outcome in `groups` (one sequence per task), with its CR2
     standard error and a t interval on G - 1 degrees of freedom, clipped to `bounds`."""
-    groups = [list(g) for g in groups if len(g)]
-    n = sum(len(g) for g in groups)
-    if len(groups) < MIN_TASKS:
-        return TooFewTasks(len(groups), n)
-    mean = sum(sum(g) for g in groups) / n
-    variance = 0.0
-    for g in groups:
-        residual = sum(g) - mean * len(g)
-        variance += residual * residual / (1 - len(g) / n)
-    se = math.sqrt(variance) / n
-    df = len(groups) - 1
+    return clustered_sums([(sum(g), len(g)) for g in groups], level=level, bounds=bounds)
+
+
+def clustered_sums(
+    groups: Sequence[tuple[float, int]],
+    *,
+    level: float = 0.95,
+    bounds: tuple[float, float] = (0, 1),
+) -> Clustered | TooFewTasks:
+    """`clustered_mean` from each task's (sum of outcomes, count): all CR2 needs of a mean, so
+    a report computes it from the database's counts without reading attempts one by one."""
+    present = [(float(total), int(count)) for total, count in groups if count > 0]
+    n = sum(count for _, count in present)
+    if len(present) < MIN_TASKS:
+        return TooFewTasks(len(present), n)
+    mean = sum(total for total, _ in present) / n
+    # A task holding every outcome has leverage 1: CR2 is undefined, but then G = 1 < MIN_TASKS.
+    scores = [(total - mean * count) / math.sqrt(1 - count / n) / n for total, count in present]
+    return _interval(mean, scores, n, level, bounds)
+
+
+def clustered_difference(
+    tasks: Sequence[tuple[float, int, float, int]],
+    *,
+    level: float = 0.95,
+) -> Clustered | TooFewTasks:
+    """B's pooled mean minus A's, for two independent samples of the same tasks (two sweeps, or
+    a baseline and a sweep): per task (sum A, n A, sum B, n B), tasks as clusters.
+
+    It is the contrast of a regression with one intercept per side, clustered by task: a task's
+    difficulty is shared by both sides and cancels, its sampling noise on each side does not.
+    CR2 for that model scales each side's task score by (1 - n_gs / N_s)^(-1/2), as for a mean
+    (the side's hat matrix block is J / N_s), so the task's score is
+
+        u_g = S_gB / sqrt(1 - n_gB / N_B) / N_B - S_gA / sqrt(1 - n_gA / N_A) / N_A,
+
+    S_gs the sum of task g's residuals on side s, and V = sum_g u_g^2."""
+    present = [(float(sa), int(na), float(sb), int(nb)) for sa, na, sb, nb in tasks if na and nb]
+    n_a = sum(row[1] for row in present)
+    n_b = sum(row[3] for row in present)
+    if len(present) < MIN_TASKS:
+        return TooFewTasks(len(present), n_a + n_b)
+    mean_a = sum(row[0] for row in present) / n_a
+    mean_b = sum(row[2] for row in present) / n_b
+    scores = [
+        (sb - mean_b * nb) / math.sqrt(1 - nb / n_b) / n_b
+        - (sa - mean_a * na) / math.sqrt(1 - na / n_a) / n_a
+        for sa, na, sb, nb in present
+    ]
+    return _interval(mean_b - mean_a, scores, n_a + n_b, level, (-1, 1))
+
+
+def _interval(
+    estimate: float, scores: list[float], n: int, level: float, bounds: tuple[float, float]
+) -> Clustered:
+    """The t interval on G - 1 df around `estimate`, from each task's CR2 score."""
+    se = math.sqrt(sum(score * score for score in scores))
+    df = len(scores) - 1
     half = t_quantile(1 - (1 - level) / 2, df) * se
     low, high = bounds
-    return Clustered(mean, se, max(low, mean - half), min(high, mean + half), len(groups), n, df)
+    return Clustered(
+        estimate, se, max(low, estimate - half), min(high, estimate + half), len(scores), n, df
+    )
+
+
+def two_sided_p(result: Clustered) -> float:
+    """The clustered t test of "the mean is 0": 2 P(T > |estimate / se|), T on `df`."""
+    if result.se == 0:
+        return 1.0 if result.estimate == 0 else 0.0
+    return min(1.0, 2 * (1 - t_cdf(abs(result.estimate / result.se), result.df)))
+
+
+def as_dict(result: Clustered | TooFewTasks) -> dict[str, Any]:
+    """A report's `clustered` object: the interval, or why there is none (`unavailable`)."""
+    if isinstance(result, TooFewTasks):
+        return {
+            "tasks": result.tasks,
+            "n": result.n,
+            "min_tasks": MIN_TASKS,
+            "unavailable": str(result),
+        }
+    return {
+        "estimate": result.estimate,
+        "se": result.se,
+        "low": result.low,
+        "high": result.high,
+        "tasks": result.tasks,
+        "n": result.n,
+        "df": result.df,
+    }
 
 
 def t_quantile(p: float, df: int) -> float:

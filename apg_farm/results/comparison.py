@@ -3,7 +3,9 @@
 A "side" is a summary with the keys of an analysis (`sweep`, `outcomes`, `cells`, `models`,
 `provenance`) plus `indispensable`, read from the store or from a baseline file. Differences are
 B minus A, each with Newcombe's interval for independent samples: two sweeps are two separate
-samples of the same models, so nothing pairs their trials. Each side also carries its **cost per
+samples of the same models, so nothing pairs their trials. Each model's pooled difference also
+has its task-clustered interval (`clustered`, results/clustered.py): the tasks are the clusters,
+their difficulty shared by both sides. Each side also carries its **cost per
 execution** (total cost ÷ priced executions), per model pooled over the tasks both sides ran and
 both priced, for `--max-cost-increase`, and its second-chance figures (re-runs after the agent
 started, the lower-bound pass rate; `second_chance`).
@@ -19,6 +21,8 @@ from typing import Any, Literal
 from apg_farm.errors import NotFound
 from apg_farm.results.analysis import analyse
 from apg_farm.results.baseline import load_baseline
+from apg_farm.results.clustered import as_dict as clustered_dict
+from apg_farm.results.clustered import clustered_difference
 from apg_farm.results.report import find_sweep
 from apg_farm.results.sealing import verify_seal
 from apg_farm.results.stats import newcombe_unpaired, wilson
@@ -173,6 +177,15 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                 "cost_tasks": [first["task"] for first, _ in shared],
                 **pooled,
                 **_diff(pooled["a"], pooled["b"]),
+                # B - A with tasks as clusters: what `check` gates on by default.
+                "clustered": clustered_dict(
+                    clustered_difference(
+                        [
+                            (c["a"]["passed"], c["a"]["n"], c["b"]["passed"], c["b"]["n"])
+                            for c in mine
+                        ]
+                    )
+                ),
             }
         )
     changes = []

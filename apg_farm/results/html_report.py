@@ -11,6 +11,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from apg_farm.results.clustered import MIN_TASKS
 from apg_farm.results.cost_plot import cost_per_execution, cost_plot_svg, cost_points, usd
 
 #: One colour per model, in the sweep's model order (colour-blind-safe Okabe-Ito palette).
@@ -304,6 +305,16 @@ _COUNT_HEADERS = [
 ]
 
 
+def _clustered(row: dict[str, Any]) -> str:
+    """A row's task-clustered 95 % interval cell, or why there is none."""
+    clustered = row.get("clustered") or {}
+    if "high" in clustered:
+        return _cell(f"{_pct(clustered['low'], 1)} – {_pct(clustered['high'], 1)}")
+    if "unavailable" in clustered:
+        return _cell(f"— ({clustered['tasks']} tasks)")
+    return _cell("—")
+
+
 def render_html(report: dict[str, Any]) -> str:
     """The whole report as one HTML document."""
     sweep, prov, k = report["sweep"], report.get("provenance", {}), report.get("k", 1)
@@ -335,6 +346,7 @@ def render_html(report: dict[str, Any]) -> str:
         + _cell(m["n"])
         + _cell(_pct(m["pass_rate"], 1))
         + _cell(f"{_pct(m['ci_low'], 1)} – {_pct(m['ci_high'], 1)}" if m["n"] else "—")
+        + _clustered(m)
         + _cell(_pct(m.get("pass_at_k"), 1))
         + _cell(_pct(m.get("pass_hat_k"), 1))
         + _counts(m)
@@ -350,6 +362,7 @@ def render_html(report: dict[str, Any]) -> str:
         + _cell(_pct(r["rate_b"], 1))
         + _cell(_pct(r["diff"], 1))
         + _cell(f"{_pct(r['diff_low'], 1)} – {_pct(r['diff_high'], 1)}")
+        + _clustered(r)
         + _cell(_p(r["p_value"]))
         + _cell(_p(r["p_holm"]))
         for r in comparisons
@@ -437,7 +450,7 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 {_table("cells-table", ["task", "model", "n", "pass rate", "95% CI", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], cell_rows, left=2, caption=f"pass@{k}: chance that at least one of {k} trials passes; pass^{k}: chance that all {k} pass (unbiased estimators over the trials; — when fewer than {k} were counted).")}
 
 <h2>Per model</h2>
-{_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"Pooled over tasks; pass@{k} and pass^{k} are means over tasks.")}
+{_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"Pooled over tasks; pass@{k} and pass^{k} are means over tasks. The naive interval (Wilson) takes every attempt as independent; the task-clustered one (CR2, tasks as clusters, t on tasks − 1 df) allows for tasks that differ in difficulty, and is given from {MIN_TASKS} tasks on: read it.")}
 
 <h2>Second-chance bias</h2>
 {second_chance_section(report)}
@@ -446,7 +459,7 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 {cost_section(report)}
 
 <h2>Pairwise comparison</h2>
-{_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have a counted outcome for. The interval is Newcombe's for paired proportions; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}
+{_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "95% CI (task-clustered)", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have a counted outcome for. The first interval is Newcombe's for paired proportions, every pair independent; the task-clustered one takes the tasks as clusters; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}
 
 <h2>Phase durations (seconds)</h2>
 {_table("phases-table", ["phase", "count", "median", "p95", "max"], phase_rows)}

@@ -76,6 +76,8 @@ class Tally:
     #: (a, b) with a < b -> [both passed, only a, only b, neither], over the (task, trial) cells
     #: where both have a counted outcome
     pairs: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    #: The same tables per task, (a, b) -> task -> table: the clustered comparison's clusters
+    task_pairs: dict[tuple[str, str], dict[str, list[int]]] = field(default_factory=dict)
 
     def pair(self, first: str, second: str) -> tuple[int, int, int, int]:
         """(both, only first, only second, neither) of two models, in the order asked."""
@@ -84,6 +86,15 @@ class Tally:
             return both, only_first, only_second, neither
         a, b, c, d = self.pairs.get((first, second), (0, 0, 0, 0))
         return a, b, c, d
+
+    def pair_by_task(self, first: str, second: str) -> dict[str, tuple[int, int, int, int]]:
+        """`pair` per task, for the tasks where the two models have at least one pair."""
+        swap = first > second
+        tables = self.task_pairs.get((second, first) if swap else (first, second), {})
+        return {
+            task: (t[0], t[2], t[1], t[3]) if swap else (t[0], t[1], t[2], t[3])
+            for task, t in tables.items()
+        }
 
 
 def _count(condition: ColumnElement[bool]) -> ColumnElement[int]:
@@ -145,7 +156,7 @@ def attempt_tally(session: Session, sweep_id: int, *, pairs: bool = False) -> Ta
         stmt, execution_options={"yield_per": STREAM_BATCH}
     ):
         if task != task_now:
-            _pair_words(tally.pairs, words)
+            _pair_words(tally, task_now, words)
             words, task_now = {}, task
         counts = [int(v) for v in rest[: len(names)]]
         cell = tally.cells.setdefault((task, model), Counter())
@@ -154,7 +165,7 @@ def attempt_tally(session: Session, sweep_id: int, *, pairs: bool = False) -> Ta
                 cell[name] += count
         unknown = unknown or sum(counts) != total
         words.setdefault(model, {})[int(place)] = (int(rest[-2]), int(rest[-1]))
-    _pair_words(tally.pairs, words)
+    _pair_words(tally, task_now, words)
     if unknown:
         # An outcome or state outside the enums: count the cells the general way.
         tally.cells = _tally_cells(session, sweep_id)
@@ -162,11 +173,12 @@ def attempt_tally(session: Session, sweep_id: int, *, pairs: bool = False) -> Ta
 
 
 def _pair_words(
-    pairs: dict[tuple[str, str], list[int]], words: dict[str, dict[int, tuple[int, int]]]
+    tally: Tally, task: str | None, words: dict[str, dict[int, tuple[int, int]]]
 ) -> None:
-    """Add one task's trial masks, (counted, passed) per word, to every pair's 2x2 table."""
+    """Add one task's trial masks, (counted, passed) per word, to every pair's 2x2 table, the
+    sweep's and the task's."""
     for first, second in itertools.combinations(sorted(words), 2):
-        table = pairs.setdefault((first, second), [0, 0, 0, 0])
+        table = [0, 0, 0, 0]
         theirs = words[second]
         for place, (c1, p1) in words[first].items():
             c2, p2 = theirs.get(place, (0, 0))
@@ -180,6 +192,12 @@ def _pair_words(
             table[1] += first_only
             table[2] += second_only
             table[3] += both_counted.bit_count() - both - first_only - second_only
+        if task is None or not sum(table):
+            continue
+        pooled = tally.pairs.setdefault((first, second), [0, 0, 0, 0])
+        for index, count in enumerate(table):
+            pooled[index] += count
+        tally.task_pairs.setdefault((first, second), {})[task] = table
 
 
 def sweep_executions(sweep_id: int, *columns: Any) -> Select[Any]:

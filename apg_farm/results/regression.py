@@ -34,8 +34,12 @@ class CheckPolicy:
     max_invalid: int = 0
     #: Most ERROR attempts the candidate may have.
     max_error: int = 0
-    #: Count a model-level drop only when its 95 % interval excludes zero.
+    #: Count a model-level drop only when its 95 % interval excludes zero, also where the
+    #: task-clustered interval is unavailable (then Newcombe's fixed-n interval is used).
     significant_only: bool = False
+    #: Count every model-level drop beyond the tolerance, whatever its interval (the gate before
+    #: task-clustered intervals; `--plain-tolerance`).
+    plain_tolerance: bool = False
     #: Largest allowed rise of a model's cost per execution, as a fraction (0.2 = 20 %); None:
     #: cost is not checked.
     max_cost_increase: float | None = None
@@ -168,6 +172,41 @@ def cost_findings(
     return found
 
 
+def _model_drop(row: dict[str, Any], policy: CheckPolicy) -> tuple[bool, str]:
+    """Whether a model's drop beyond the tolerance fails the check, and its line.
+
+    By default the drop counts when the task-clustered 95 % interval of B - A lies below zero:
+    a drop within the noise that task difficulty makes is not a regression. With fewer tasks
+    than a clustered interval needs, the plain tolerance decides (or, with `--significant-only`,
+    Newcombe's fixed-n interval); `--plain-tolerance` counts every drop beyond the tolerance."""
+    clustered = row.get("clustered") or {}
+    text = (
+        f"model {row['model']}: pass rate {_pct(row['a']['rate'])} (n={row['a']['n']}) -> "
+        f"{_pct(row['b']['rate'])} (n={row['b']['n']}), {_pts(row['diff'])} "
+        f"(95% CI {_pts(row['diff_low'])} to {_pts(row['diff_high'])}"
+    )
+    if "high" in clustered:
+        text += (
+            f"; task-clustered over {clustered['tasks']} tasks {_pts(clustered['low'])} to "
+            f"{_pts(clustered['high'])}"
+        )
+    text += f"), tolerance {policy.max_rate_drop * 100:.1f} pts"
+    if policy.plain_tolerance:
+        return True, text
+    if "high" in clustered:
+        if clustered["high"] < 0:
+            return True, text
+        return False, (
+            text + "; within the task-clustered noise, not counted (--plain-tolerance counts it)"
+        )
+    if policy.significant_only:
+        if row["diff_high"] < 0:
+            return True, text
+        return False, text + "; not significant, not counted (--significant-only)"
+    why = clustered.get("unavailable", "no task-clustered interval")
+    return True, text + f"; gated on the plain tolerance: {why}"
+
+
 def _gate_holds(cell: dict[str, Any] | None, floor: float) -> bool:
     return bool(cell and cell["n"] and cell["passed"] / cell["n"] >= floor - _EPS)
 
@@ -221,16 +260,8 @@ def check_regression(
         drop = row["diff"]
         if drop is None or -drop <= tolerance + _EPS:
             continue
-        text = (
-            f"model {row['model']}: pass rate {_pct(row['a']['rate'])} (n={row['a']['n']}) -> "
-            f"{_pct(row['b']['rate'])} (n={row['b']['n']}), {_pts(drop)} "
-            f"(95% CI {_pts(row['diff_low'])} to {_pts(row['diff_high'])}), "
-            f"tolerance {tolerance * 100:.1f} pts"
-        )
-        if policy.significant_only and row["diff_high"] >= 0:
-            warn(text + "; not significant, not counted (--significant-only)")
-        else:
-            fail(text)
+        failed, text = _model_drop(row, policy)
+        (fail if failed else warn)(text)
     for row in result["cells"]:
         drop = row["diff"]
         if drop is None or -drop <= tolerance + _EPS:
