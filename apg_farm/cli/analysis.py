@@ -85,7 +85,7 @@ def comparisons_table(report: dict[str, Any]) -> Table:
 
 def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None) -> None:
     """`apg-farm report`: the sweep's results in one of FORMATS."""
-    from apg_farm.results import analyse, find_sweep, render_html, report_csv
+    from apg_farm.results import analyse, find_sweep, render_html, report_csv, stop_lines
 
     if fmt not in FORMATS:
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix=f"use {', '.join(FORMATS)}")
@@ -106,6 +106,8 @@ def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None)
         out.print(second_chance_table(report))
         if report["comparisons"]:
             out.print(comparisons_table(report))
+        for line in stop_lines(report):
+            out.print(escape(line), soft_wrap=True)
         for warning in report["provenance"]["warnings"]:
             err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
