@@ -185,10 +185,9 @@ def _check_question(old: SweepSpec, new: SweepSpec) -> None:
     test), and a sweep with one takes more trials and models but no new task: a new task's
     cells would land among pairs its test already looked at (apg_farm/sequential.py)."""
     if old.stop != new.stop:
-        shown = {s: s.model_dump(mode="json") if s else None for s in (old.stop, new.stop)}
+        was, now = (s.model_dump(mode="json") if s else None for s in (old.stop, new.stop))
         raise BadInput(
-            f"sweep {old.name!r} was submitted with stop={shown[old.stop]!r}; "
-            f"this file says {shown[new.stop]!r}",
+            f"sweep {old.name!r} was submitted with stop={was!r}; this file says {now!r}",
             field="stop",
             fix="the stopping rule cannot change mid-sweep: give the sweep a new name",
         )

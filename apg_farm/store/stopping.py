@@ -166,10 +166,13 @@ def cancel_queued(store: Store, session: Session, sweep_id: int, reason: str) ->
     )
     if not store.is_sqlite:
         queued = queued.with_for_update(skip_locked=True)
+    ids = list(session.scalars(queued))
+    if not ids:
+        return 0
     return rowcount(
         session.execute(
             update(Attempt)
-            .where(Attempt.id.in_(queued.scalar_subquery()))
+            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.QUEUED)
             .values(
                 state=AttemptState.DONE,
                 outcome=Outcome.CANCELLED,
