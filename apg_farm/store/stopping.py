@@ -21,14 +21,15 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import COUNTED, Outcome
 from apg_farm.sequential import Decision, Rule, Tally, describe, judge
 from apg_farm.specs import StopSpec, SweepSpec
-from apg_farm.store.db import Store, rowcount
+from apg_farm.store.db import Store
 from apg_farm.store.models import Attempt, AttemptState, Sweep, utcnow
+from apg_farm.store.rules import cancel_queued
 
 #: The sweeps.meta key holding the comparison's state: cursor, last look, decision.
 STOP = "stop"
@@ -156,30 +157,3 @@ def _walk(
         yield trial, pairs, complete
         if not complete:
             return
-
-
-def cancel_queued(store: Store, session: Session, sweep_id: int, reason: str) -> int:
-    """Every queued attempt of the sweep ends CANCELLED for `reason` (their count). One a
-    claimer is taking this instant is skipped, not waited for: it runs, or the claim cancels it."""
-    queued = select(Attempt.id).where(
-        Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED
-    )
-    if not store.is_sqlite:
-        queued = queued.with_for_update(skip_locked=True)
-    ids = list(session.scalars(queued))
-    if not ids:
-        return 0
-    return rowcount(
-        session.execute(
-            update(Attempt)
-            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.QUEUED)
-            .values(
-                state=AttemptState.DONE,
-                outcome=Outcome.CANCELLED,
-                reason=reason,
-                finished_at=utcnow(),
-                not_before=None,
-            )
-            .execution_options(synchronize_session=False)
-        )
-    )
