@@ -87,10 +87,15 @@ def _check_stopped(store: Store, sweep_id: int) -> dict[str, Any]:
 
 def _report(store: Store, name: str, home: Path, fmt: str) -> str:
     """`apg-farm report` as a process, on this store."""
+    return _cli(store, home, "report", name, "--format", fmt)
+
+
+def _cli(store: Store, home: Path, *args: str) -> str:
+    """`apg-farm ARGS` as a process, on this store: its stdout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
     env.update(APG_FARM_HOME=str(home), APG_FARM_DATABASE_URL=store.url, COLUMNS="200")
     done = subprocess.run(
-        [sys.executable, "-m", "apg_farm", "report", name, "--format", fmt],
+        [sys.executable, "-m", "apg_farm", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -121,6 +126,10 @@ def test_a_decided_comparison_stops_the_sweep_and_the_report_says_so(
     text = _report(store, "stopping", tmp_path / "home", "table")
     assert f"STOPPED, decided after {decision['pairs']} pairs" in text
     assert "not valid under optional stopping" in text
+    compared = json.loads(
+        _cli(store, tmp_path / "home", "compare", "stopping", "stopping", "--format", "json")
+    )
+    assert compared["stop"]["a"]["decision"]["pairs"] == decision["pairs"]
     html = _report(store, "stopping", tmp_path / "home", "html")
     assert 'id="stop"' in html and "anytime p" in html
 
