@@ -15,6 +15,8 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -72,6 +74,40 @@ class Timeouts(BaseModel):
     """The grade."""
 
 
+class StopSpec(BaseModel):
+    """A sweep's question, `stop: {compare: [A, B], alpha: 0.05, ...}`: the sweep stops claiming
+    its remaining attempts once an anytime-valid test of A against B (apg_farm/sequential.py)
+    decides it, finds it futile, or reaches its cap of pairs (docs/analysis.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compare: Annotated[list[SafeArg], Field(min_length=2, max_length=2)]
+    """The two models compared: both among the sweep's models, different."""
+    alpha: float = Field(default=0.05, gt=0, le=0.5)
+    """The chance, under the null of no difference, that the sweep ever stops "decided"."""
+    min_pairs: int = Field(default=0, ge=0, le=10_000_000)
+    """Pairs (cells where both models have a counted outcome) before any decision."""
+    max_pairs: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Stop undecided after this many pairs ("cap reached"); none: the sweep's end is the cap."""
+    futility: float | None = Field(default=None, gt=0, lt=1)
+    """Stop as futile once the confidence sequence of the paired difference A - B (points of
+    pass rate, as a proportion) lies inside (-futility, futility)."""
+
+    @model_validator(mode="after")
+    def _pairs_in_order(self) -> StopSpec:
+        if self.max_pairs is not None and self.max_pairs < self.min_pairs:
+            raise _at("max_pairs", f"{self.max_pairs} is below min_pairs ({self.min_pairs})")
+        return self
+
+
+def _at(field: str, message: str) -> ValidationError:
+    """A validation error at `field` of the model being validated (pydantic nests the path)."""
+    return ValidationError.from_exception_data(
+        "stop",
+        [{"type": "value_error", "loc": (field,), "input": None, "ctx": {"error": message}}],
+    )
+
+
 class SweepSpec(BaseModel):
     """A sweep: every task × model × trial, run on beds of one fixture set."""
 
@@ -104,6 +140,27 @@ class SweepSpec(BaseModel):
         default_factory=dict
     )
     """Per model: attempts of it running at once, farm-wide, across sweeps (a provider's rate)."""
+    stop: StopSpec | None = None
+    """The comparison the sweep exists for; when the farm decides it, the rest is cancelled."""
+
+    @field_validator("stop")
+    @classmethod
+    def _compares_two_of_the_models(
+        cls, stop: StopSpec | None, info: ValidationInfo
+    ) -> StopSpec | None:
+        if stop is None:
+            return stop
+        first, second = stop.compare
+        if first == second:
+            raise _at("compare", f"compares {first!r} with itself; name two different models")
+        models = info.data.get("models")
+        missing = [m for m in stop.compare if models is not None and m not in models]
+        if missing:
+            raise _at(
+                "compare",
+                f"{', '.join(missing)} not among the sweep's models; list it under models",
+            )
+        return stop
 
     @model_validator(mode="after")
     def _capped_models_are_listed(self) -> SweepSpec:
@@ -123,8 +180,10 @@ class SweepSpec(BaseModel):
     def canonical_json(self) -> str:
         """What the sweep evaluates as stable JSON: its digest names the evaluation. The pacing
         fields (budget, concurrency) say how fast and how far it runs, not what it is: they are
-        left out, so specs written before they existed keep their digests."""
-        data = self.model_dump(mode="json", exclude=set(PACING))
+        left out, so specs written before they existed keep their digests. The stopping rule is
+        in (changing it once results are seen would be choosing the test after the data), but
+        only when set, for the same reason."""
+        data = self.model_dump(mode="json", exclude={*PACING, *([] if self.stop else ["stop"])})
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
@@ -150,6 +209,8 @@ def describe_validation_error(error: ValidationError, *, source: str) -> str:
             message = "unknown key; remove it or check its spelling"
         elif problem["type"] == "missing":
             message = "required; add it"
+        elif problem["type"] == "value_error":
+            message = message.removeprefix("Value error, ")
         lines.append(f"{source}: {path}: {message}")
     return "\n".join(lines)
 

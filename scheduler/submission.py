@@ -22,6 +22,7 @@ from apg_farm.store import (
     SweepState,
     UTCDateTime,
     ensure_gates,
+    stop_reason,
     utcnow,
 )
 
@@ -168,7 +169,36 @@ def check_resubmit(sweep: Sweep, spec: SweepSpec) -> None:
             field="name",
             fix="give the sweep a new name",
         )
-    _check_compatible(SweepSpec.model_validate(sweep.spec), spec)
+    if stopped := stop_reason(sweep):
+        raise BadInput(
+            f"sweep {spec.name!r} {stopped}; it takes no new attempts",
+            field="name",
+            fix="its question is answered: give the sweep a new name to ask another",
+        )
+    old = SweepSpec.model_validate(sweep.spec)
+    _check_compatible(old, spec)
+    _check_question(old, spec)
+
+
+def _check_question(old: SweepSpec, new: SweepSpec) -> None:
+    """A sweep's `stop:` is fixed once submitted (choosing the test after seeing the data is no
+    test), and a sweep with one takes more trials and models but no new task: a new task's
+    cells would land among pairs its test already looked at (apg_farm/sequential.py)."""
+    if old.stop != new.stop:
+        was, now = (s.model_dump(mode="json") if s else None for s in (old.stop, new.stop))
+        raise BadInput(
+            f"sweep {old.name!r} was submitted with stop={was!r}; this file says {now!r}",
+            field="stop",
+            fix="the stopping rule cannot change mid-sweep: give the sweep a new name",
+        )
+    added = [t for t in new.tasks if t not in old.tasks]
+    if old.stop is not None and added:
+        raise BadInput(
+            f"sweep {old.name!r} has a stopping rule; it cannot take new tasks "
+            f"({', '.join(added)}): their pairs would land among those its test already saw",
+            field="tasks",
+            fix="add trials instead, or give the sweep a new name",
+        )
 
 
 def _check_compatible(old: SweepSpec, new: SweepSpec) -> None:

@@ -125,7 +125,7 @@ def comparisons_table(report: dict[str, Any]) -> Table:
 
 def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None) -> None:
     """`apg-farm report`: the sweep's results in one of FORMATS."""
-    from apg_farm.results import analyse, find_sweep, render_html, report_csv
+    from apg_farm.results import analyse, find_sweep, render_html, report_csv, stop_lines
 
     if fmt not in FORMATS:
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix=f"use {', '.join(FORMATS)}")
@@ -147,6 +147,8 @@ def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None)
         out.print(second_chance_table(report))
         if report["comparisons"]:
             out.print(comparisons_table(report))
+        for line in stop_lines(report):
+            out.print(escape(line), soft_wrap=True)
         for warning in report["provenance"]["warnings"]:
             err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
@@ -332,7 +334,13 @@ def compare_cmd(
     ] = None,
 ) -> None:
     """Compare two sweeps (or a sweep and a baseline): pass rates, B − A with 95 % intervals; with --max-cost-increase, exit 1 when a model's cost per execution rose by more."""
-    from apg_farm.results import compare, cost_findings, load_side, parse_cost_increase
+    from apg_farm.results import (
+        compare,
+        cost_findings,
+        load_side,
+        parse_cost_increase,
+        stop_lines,
+    )
 
     if fmt not in ("table", "json"):
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use table or json")
@@ -368,6 +376,9 @@ def compare_cmd(
     for problem in (*side_a.problems, *side_b.problems):
         err.print(f"[red]evidence does not verify:[/] {escape(problem)}", soft_wrap=True)
     out.print(compare_second_chance_table(result))
+    for side, label in (("a", side_a.label), ("b", side_b.label)):
+        for line in stop_lines({"stop": result["stop"][side]}):
+            out.print(escape(f"{side.upper()} ({label}) {line.strip()}"), soft_wrap=True)
     if cost is None:
         return
     for line in cost.within:

@@ -42,6 +42,7 @@ from apg_farm.results import (
     find_sweep,
     forest_plot,
     second_chance_section,
+    stop_section,
     usd,
 )
 from apg_farm.store import Store
@@ -234,6 +235,8 @@ def sweep_page(request: Request) -> Response:
             "forest_svg": Markup(forest_plot(report)),
             "cost_html": Markup(cost_section(report)),
             "second_chance_html": Markup(second_chance_section(report)),
+            # The sweep's question (`stop:`): stopped or not, the anytime-valid figures.
+            "stop_html": Markup(stop_section(report)),
             "done": request.query_params.get("done", ""),
             "count": _int_param(request, "n"),
         },

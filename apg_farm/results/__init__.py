@@ -55,12 +55,14 @@ from apg_farm.results.stats import (
     quantile,
     wilson,
 )
+from apg_farm.results.stop_report import NOT_VALID, add_stop, stop_lines, stop_section, stop_summary
 from apg_farm.results.watch import render_watch, watch_snapshot
 from apg_farm.store import SealedSweep, refuse_if_sealed
 
 __all__ = [
     "CELL_COUNTS",
     "CSV_COLUMNS",
+    "NOT_VALID",
     "CheckPolicy",
     "CheckVerdict",
     "CostFindings",
@@ -68,6 +70,7 @@ __all__ = [
     "LoadedBaseline",
     "SealedSweep",
     "Side",
+    "add_stop",
     "analyse",
     "artifacts",
     "build_baseline",
@@ -103,6 +106,9 @@ __all__ = [
     "seal",
     "seal_directory",
     "second_chance_section",
+    "stop_lines",
+    "stop_section",
+    "stop_summary",
     "sweep_report",
     "usd",
     "verify_seal",

@@ -28,6 +28,7 @@ from apg_farm.results.costs import add_costs
 from apg_farm.results.report import CELL_COUNTS, report_from_cells
 from apg_farm.results.second_chance import add_second_chance
 from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
+from apg_farm.results.stop_report import add_stop
 from apg_farm.store import Bed, BedEvent, Store, Sweep
 
 #: pass@k and pass^k are reported at this k unless told otherwise (capped at the sweep's trials).
@@ -346,4 +347,6 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
             "sealed": sweep.sealed_at is not None,
         }
     )
+    # A sweep's question (`stop:`): its anytime-valid figures beside the fixed-n ones.
+    add_stop(report, sweep)
     return report

@@ -200,6 +200,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "only_in_b": [f"{t} {m}" for (t, m) in cells_b if (t, m) not in cells_a],
         "outcomes": {"a": a.get("outcomes", {}), "b": b.get("outcomes", {})},
         "provenance_changes": changes,
+        # Each side's stopping rule (`stop:`) and decision, None without one: a side that
+        # stopped early has fixed-n figures not valid under optional stopping.
+        "stop": {"a": a.get("stop"), "b": b.get("stop")},
         # Each side's sweep-wide re-runs after the agent started (None: not recorded).
         "second_chance": {
             "a": {"rerun_share": (a.get("second_chance") or {}).get("rerun_share")},

@@ -13,6 +13,7 @@ from typing import Any
 
 from apg_farm.results.clustered import MIN_TASKS
 from apg_farm.results.cost_plot import cost_per_execution, cost_plot_svg, cost_points, usd
+from apg_farm.results.stop_report import stop_section
 
 #: One colour per model, in the sweep's model order (colour-blind-safe Okabe-Ito palette).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
@@ -363,7 +364,7 @@ def render_html(report: dict[str, Any]) -> str:
         + _cell(_pct(r["diff"], 1))
         + _cell(f"{_pct(r['diff_low'], 1)} – {_pct(r['diff_high'], 1)}")
         + _clustered(r)
-        + _cell(_p(r["p_value"]))
+        + _cell(_p(r["p_value"]) + ("" if r.get("fixed_n_valid", True) else " †"))
         + _cell(_p(r["p_holm"]))
         for r in comparisons
     ]
@@ -460,6 +461,7 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 
 <h2>Pairwise comparison</h2>
 {_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "95% CI (task-clustered)", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have a counted outcome for. The first interval is Newcombe's for paired proportions, every pair independent; the task-clustered one takes the tasks as clusters; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}
+{stop_section(report)}
 
 <h2>Phase durations (seconds)</h2>
 {_table("phases-table", ["phase", "count", "median", "p95", "max"], phase_rows)}

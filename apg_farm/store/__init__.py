@@ -2,7 +2,8 @@
 
 `models` are the tables, `db` opens a store (SQLite in WAL mode or PostgreSQL) and migrates it
 (`migrations/`), `claims` is how a bed takes an attempt and keeps it, `lifecycle` the one write path of attempt,
-execution and bed states (with `rules`, the rules applied as an execution ends). Imports contract
+execution and bed states (with `rules`, the rules applied as an execution ends, and `stopping`,
+a sweep's comparison decided as its pairs complete). Imports contract
 and transports.
 """
 
@@ -86,12 +87,14 @@ from apg_farm.store.pacing import (
     trip,
 )
 from apg_farm.store.rules import finish_draining, holds_attempt
+from apg_farm.store.stopping import STOP, decision_of, stop_reason
 
 __all__ = [
     "AGENT_STOPPED",
     "HAND_BACK_LIMIT",
     "PROBE",
     "SCOPES",
+    "STOP",
     "STOP_LISTING",
     "Attempt",
     "AttemptState",
@@ -130,6 +133,7 @@ __all__ = [
     "count_dispatches",
     "day_key",
     "db_time",
+    "decision_of",
     "ensure_gates",
     "farm_budget_reached",
     "finish_draining",
@@ -158,6 +162,7 @@ __all__ = [
     "set_budget",
     "set_sweep_budget",
     "start_draining",
+    "stop_reason",
     "stopped_by_budget",
     "sweep_pauses",
     "trip",

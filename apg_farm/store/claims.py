@@ -50,7 +50,8 @@ from apg_farm.store.pacing import (
     farm_budget_reached,
     sweep_pauses,
 )
-from apg_farm.store.rules import count_lost_try
+from apg_farm.store.rules import count_lost_try, done
+from apg_farm.store.stopping import stop_reason
 
 #: How many queued attempts a claimer looks at to find one it may take.
 _CANDIDATES = 64
@@ -100,7 +101,7 @@ class Why(StrEnum):
     EXCLUDED = "excluded here"
     #: The attempt is finished, running elsewhere, or unknown: a duplicate message.
     NOT_QUEUED = "not queued"
-    #: The attempt's sweep is cancelled or sealed.
+    #: The attempt's sweep is cancelled or sealed, or its comparison was decided (`stop:`).
     SWEEP_CLOSED = "sweep closed"
     #: Nothing of the bed's pool is queued that it may take.
     NOTHING = "nothing queued"
@@ -232,6 +233,12 @@ def claim(
         skipped: Refusal | None = None
         for attempt, sweep in candidates:
             spec = SweepSpec.model_validate(sweep.spec)
+            if spec.stop and (stopped := stop_reason(sweep)):
+                # Queued after the sweep's comparison was decided (a requeue racing it): it ends
+                # like the rest of the queue did.
+                done(attempt, Outcome.CANCELLED, stopped)
+                skipped = skipped or Refusal(Why.SWEEP_CLOSED, stopped)
+                continue
             if _poisoned(attempt, spec):
                 _finish_poisoned(attempt, now)
                 skipped = skipped or Refusal(Why.NOT_QUEUED, "poisoned")
@@ -318,6 +325,8 @@ def _why_not(
     sweep = session.get_one(Sweep, attempt.sweep_id)
     if sweep.state != SweepState.OPEN or sweep.sealed_at is not None:
         return Refusal(Why.SWEEP_CLOSED, f"sweep {sweep.name} is {sweep.state}")
+    if stopped := stop_reason(sweep):
+        return Refusal(Why.SWEEP_CLOSED, f"sweep {sweep.name} {stopped}")
     if attempt.pool != bed.pool:
         return Refusal(Why.EXCLUDED, f"the attempt is for pool {attempt.pool}")
     if sweep.driver != driver:

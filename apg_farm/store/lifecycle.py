@@ -16,7 +16,8 @@ never wait for each other in opposite orders.
 |---|---|---|
 | queued -> running, a new execution | `claim_next` (claims.py) | bed, then candidate attempts (skip locked), then gates |
 | lease extended | `renew_lease` (claims.py) | the attempt row (one UPDATE) |
-| running -> queued/done, execution result | `record_verdict` | bed, attempt |
+| running -> queued/done, execution result | `record_verdict` | bed, attempt (then the sweep, when it has `stop:`) |
+| queued -> done CANCELLED, the sweep's comparison decided | `stopping.look` (in `record_verdict`) | the sweep, then its queued attempts (skip locked) |
 | execution LOST, the bed's quarantine | `record_lost` | bed |
 | expired running -> queued, execution LOST | `requeue_expired` (claims.py) | beds, then attempts (skip locked) |
 | done -> queued | `retry_attempts` | the sweep's attempts |
@@ -60,6 +61,7 @@ from apg_farm.store.models import (
 )
 from apg_farm.store.pacing import add_spend, believe_outage
 from apg_farm.store.rules import done, finish_draining, pace_model, quarantine, settle, to_the_back
+from apg_farm.store.stopping import lock_sweep, look, stop_reason
 from apg_farm.transports import CommandResult
 
 #: The bed meta key holding the web container's processes when an agent was last confirmed stopped.
@@ -153,15 +155,23 @@ def record_verdict(
                 execution.reason = f"{taken_back}; it finished later: {verdict.reason}"
             quarantine(session, bed, reasons)
             return Recorded(verdict, None, lost=True)
-        if (
-            verdict.action == "retry"
-            and session.get_one(Sweep, row.sweep_id).state != SweepState.OPEN
-        ):
-            # Never requeue into a cancelled sweep: nothing would ever take it.
-            verdict = Verdict("final", f"sweep cancelled ({verdict.reason})", Outcome.CANCELLED)
+        # A sweep with a question (`stop:`) is locked before anything of the attempt changes
+        # (bed, attempt, sweep: the lock order), so its looks at the pairs are serialized.
+        sweep = lock_sweep(store, session, row.sweep_id) if claim.spec.stop else None
+        if verdict.action == "retry":
+            sweep = sweep or session.get_one(Sweep, row.sweep_id)
+            if sweep.state != SweepState.OPEN:
+                # Never requeue into a cancelled sweep: nothing would ever take it.
+                verdict = Verdict("final", f"sweep cancelled ({verdict.reason})", Outcome.CANCELLED)
+            elif stopped := stop_reason(sweep):
+                # Nor into one whose comparison is decided: its queue was cancelled.
+                verdict = Verdict("final", f"{stopped} ({verdict.reason})", Outcome.CANCELLED)
         outcome, in_a_row = settle(
             row, bed, verdict, retries=claim.spec.retries, store=store, delays=delays
         )
+        if sweep is not None and claim.spec.stop and outcome is not None:
+            # A final outcome may complete a pair: the anytime-valid test looks (rules: stopping).
+            look(store, session, sweep)
         execution.result = outcome or "RETRY"
         if verdict.provider_trouble is not None:
             to_the_back(session, row)
@@ -419,6 +429,12 @@ def retry_attempts(store: Store, sweep_id: int, outcomes: Collection[Outcome]) -
         refuse_if_sealed(sweep)
         if sweep.state != SweepState.OPEN:
             raise BadInput(f"sweep {sweep.name} was cancelled", fix="submit it under a new name")
+        if stopped := stop_reason(sweep):
+            raise BadInput(
+                f"sweep {sweep.name} {stopped}: its attempts are not retried",
+                field="sweep",
+                fix="its question is answered: submit the file under a new name to ask again",
+            )
         rows = list(
             session.scalars(
                 select(Attempt).where(
@@ -486,6 +502,11 @@ def open_harness_attempt(
                 fix="name another sweep in the sandbox config (or leave it to the run's id)",
             )
         refuse_if_sealed(sweep)
+        if spec.stop is not None:
+            # A harness decides what runs: the farm cannot stop its samples for it.
+            raise BadInput(
+                "a harness's sweep cannot declare stop:", field="stop", fix="remove stop:"
+            )
         recorded = SweepSpec.model_validate(sweep.spec).dataset
         if recorded != spec.dataset:
             raise BadInput(

@@ -7,17 +7,18 @@ the attempt's). None of them opens a session or commits.
 - `pace_model`: the model's breaker and its believed outage (store/pacing.py);
 - `to_the_back`: an attempt the provider failed goes behind its pool's queue;
 - `finish_draining`: a draining bed that holds nothing any more is removed;
-- `count_lost_try`: a bed whose claims keep expiring is quarantined.
+- `count_lost_try`: a bed whose claims keep expiring is quarantined;
+- `cancel_queued`: a sweep whose comparison was decided (store/stopping.py) cancels its queue.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import COUNTED, Outcome, Verdict
 from apg_farm.defaults import MAX_CONSECUTIVE_INFRA_ERRORS
-from apg_farm.store.db import Store
+from apg_farm.store.db import Store, rowcount
 from apg_farm.store.models import Attempt, AttemptState, Bed, BedEvent, BedState, Execution, utcnow
 from apg_farm.store.pacing import backoff, close, outage_clean, trip
 
@@ -168,3 +169,30 @@ def count_lost_try(session: Session, bed_id: int) -> None:
             f"{bed.consecutive_errors} attempts lost in a row (its worker or link keeps dying)"
         )
         session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=bed.state_reason))
+
+
+def cancel_queued(store: Store, session: Session, sweep_id: int, reason: str) -> int:
+    """Every queued attempt of the sweep ends CANCELLED for `reason` (their count). One a
+    claimer is taking this instant is skipped, not waited for: it runs, or the claim cancels it."""
+    queued = select(Attempt.id).where(
+        Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED
+    )
+    if not store.is_sqlite:
+        queued = queued.with_for_update(skip_locked=True)
+    ids = list(session.scalars(queued))
+    if not ids:
+        return 0
+    return rowcount(
+        session.execute(
+            update(Attempt)
+            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.QUEUED)
+            .values(
+                state=AttemptState.DONE,
+                outcome=Outcome.CANCELLED,
+                reason=reason,
+                finished_at=utcnow(),
+                not_before=None,
+            )
+            .execution_options(synchronize_session=False)
+        )
+    )
