@@ -69,10 +69,12 @@ def _check_stopped(store: Store, sweep_id: int) -> dict[str, Any]:
     assert all(a.state == AttemptState.DONE for a in attempts)
     stopped = [a for a in attempts if a.reason == decision["reason"]]
     assert stopped and all(a.outcome == Outcome.CANCELLED for a in stopped)
-    assert len(stopped) == decision["cancelled"]
     ran = {e.attempt_id for e in executions}
-    # Cancelled from the queue, never started; and no attempt that ran was cut short.
-    assert not any(a.id in ran for a in stopped)
+    # Cancelled from the queue, never started; and no attempt that ran was cut short. The
+    # decision cancels what it can lock; one a claimer held that instant (PostgreSQL, skip
+    # locked) is cancelled by that claim or the next look, with the same reason.
+    assert {a.id for a in attempts if a.id not in ran} == {a.id for a in stopped}
+    assert 0 <= decision["cancelled"] <= len(stopped)
     assert not any(a.outcome == Outcome.CANCELLED and a.id in ran for a in attempts)
     for attempt in attempts:
         finals = [

@@ -3,7 +3,8 @@ the anytime-valid figures (e-value, anytime p, confidence sequence) beside the f
 
 The figures are the ones the lifecycle recorded in `sweeps.meta["stop"]` when it looked at the
 pairs (store/stopping.py): the test's record, not recomputed. When the sweep stopped early, the
-fixed-n figures of the compared pair (exact McNemar p, Newcombe interval, Wilson intervals) are
+fixed-n figures of the compared pair (exact McNemar p, Newcombe, Wilson and task-clustered
+intervals) are
 marked as not valid under optional stopping: the sweep's size was chosen by its data.
 """
 
@@ -16,8 +17,9 @@ from apg_farm.store import STOP, Sweep
 
 #: What a report says of the fixed-n figures of a sweep that stopped early.
 NOT_VALID = (
-    "fixed-n figures (McNemar p, Newcombe and Wilson intervals) are not valid under optional "
-    "stopping: the sweep stopped because of its data; read the anytime-valid figures"
+    "fixed-n figures (McNemar p, Newcombe, Wilson and task-clustered intervals) are not valid "
+    "under optional stopping: the sweep stopped because of its data; read the anytime-valid "
+    "figures"
 )
 
 _KINDS = {
