@@ -23,7 +23,7 @@ def test_the_two_sided_power_is_scipys_noncentral_t(df: int) -> None:
         expected = scipy_stats.nct.sf(critical, df, noncentrality) + scipy_stats.nct.cdf(
             -critical, df, noncentrality
         )
-        got = pw.power(
+        got = pw.paired_power(
             noncentrality / math.sqrt(df + 1),
             tasks=df + 1,
             trials=1,
@@ -91,8 +91,8 @@ def test_the_planned_trials_detect_the_difference_with_the_asked_power(
     figures = {"within": within, "between": between, "alpha": ALPHA}
     trials = pw.trials_needed(delta, tasks=tasks, target=0.8, **figures)
     assert trials is not None and trials > 1
-    planned = pw.power(delta, tasks=tasks, trials=trials, **figures)
-    assert planned >= 0.8 > pw.power(delta, tasks=tasks, trials=trials - 1, **figures)
+    planned = pw.paired_power(delta, tasks=tasks, trials=trials, **figures)
+    assert planned >= 0.8 > pw.paired_power(delta, tasks=tasks, trials=trials - 1, **figures)
     share = _detected_share(tasks, 1500, tasks, trials, detect, task_sd, rho)
     print(f"{tasks} tasks: {trials} trials, planned power {planned:.3f}, simulated {share:.3f}")
     assert abs(share - 0.8) <= 0.05
@@ -105,15 +105,15 @@ def test_with_few_tasks_no_number_of_trials_reaches_the_power() -> None:
     delta, within, between = _truth(2, 0.10, 0.15, 0.2)
     figures = {"within": within, "between": between, "alpha": ALPHA}
     assert pw.trials_needed(delta, tasks=6, target=0.8, **figures) is None
-    ceiling = pw.power(delta, tasks=6, trials=math.inf, **figures)
-    at_200 = pw.power(delta, tasks=6, trials=200, **figures)
+    ceiling = pw.paired_power(delta, tasks=6, trials=math.inf, **figures)
+    at_200 = pw.paired_power(delta, tasks=6, trials=200, **figures)
     assert at_200 <= ceiling < 0.8
     share = _detected_share(3, 1000, 6, 200, 0.10, 0.15, 0.2)
     print(f"6 tasks x 200 trials: plan {at_200:.3f} (ceiling {ceiling:.3f}), simulated {share:.3f}")
     assert abs(share - at_200) <= 0.05 and share < 0.7
     more = pw.tasks_needed(delta, trials=math.inf, target=0.8, **figures)
     assert more is not None and more > 6
-    assert pw.power(delta, tasks=more, trials=math.inf, **figures) >= 0.8
+    assert pw.paired_power(delta, tasks=more, trials=math.inf, **figures) >= 0.8
 
 
 def test_under_five_tasks_there_is_no_plan() -> None:

@@ -314,8 +314,7 @@ def sweep_submit(
 
     --dry-run stores and sends nothing: it estimates cost and time from earlier executions;
     with --detect, also the trials a paired comparison of the models needs, and their price."""
-    from apg_farm.scheduler import estimate_sweep
-    from apg_farm.scheduler.power_plan import check_flags, plan_power
+    from apg_farm.scheduler import check_flags, estimate_sweep, plan_power
     from apg_farm.specs import load_sweep
 
     if dry_run and wait:

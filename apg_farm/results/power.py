@@ -46,7 +46,7 @@ def cell_variance(var_a: float, var_b: float, correlation: float) -> float:
     return max(0.0, var_a + var_b - 2 * correlation * math.sqrt(var_a * var_b))
 
 
-def power(
+def paired_power(
     detect: float, *, tasks: int, trials: float, within: float, between: float, alpha: float
 ) -> float:
     """Power of the two-sided clustered paired test at `alpha` to detect a pooled difference
@@ -68,7 +68,7 @@ def trials_needed(
     MAX_TRIALS does (the between-task spread alone keeps the power below it)."""
 
     def enough(trials: float) -> bool:
-        found = power(
+        found = paired_power(
             detect, tasks=tasks, trials=trials, within=within, between=between, alpha=alpha
         )
         return found >= target
@@ -84,7 +84,7 @@ def tasks_needed(
     """The fewest tasks (at least MIN_TASKS) reaching `target` power at `trials` per cell."""
 
     def enough(tasks: int) -> bool:
-        found = power(
+        found = paired_power(
             detect, tasks=tasks, trials=trials, within=within, between=between, alpha=alpha
         )
         return found >= target
