@@ -19,6 +19,7 @@ from apg_farm.scheduler.control import (
 )
 from apg_farm.scheduler.estimate import PairEstimate, Spread, SweepEstimate, Total, estimate_sweep
 from apg_farm.scheduler.plan import expand
+from apg_farm.scheduler.power_plan import PowerPlan, check_flags, plan_power
 from apg_farm.scheduler.publish import Sender, publish_attempts
 from apg_farm.scheduler.queues import (
     BED_MAINTENANCE,
@@ -43,6 +44,7 @@ __all__ = [
     "MAINTENANCE_EXPIRY",
     "RUN_ATTEMPT",
     "PairEstimate",
+    "PowerPlan",
     "Reconciliation",
     "Sender",
     "Spread",
@@ -53,11 +55,13 @@ __all__ = [
     "attempt_of",
     "attempt_time_limits",
     "bed_queue",
+    "check_flags",
     "estimate_sweep",
     "expand",
     "live_workers",
     "maintenance_time_limits",
     "parse_retry_outcomes",
+    "plan_power",
     "pool_queue",
     "publish_attempts",
     "reconcile",

@@ -279,11 +279,42 @@ def sweep_submit(
     as_json: Annotated[
         bool, typer.Option("--json", help="With --dry-run: the estimate as JSON.")
     ] = False,
+    detect: Annotated[
+        float | None,
+        typer.Option(
+            "--detect",
+            help="With --dry-run: the trials per (task, model) a paired comparison of the "
+            "models needs to detect this difference in pooled pass rate (e.g. 0.05), and their price.",
+        ),
+    ] = None,
+    power: Annotated[
+        float | None, typer.Option("--power", help="With --detect: the power wanted (0.8).")
+    ] = None,
+    alpha: Annotated[
+        float | None,
+        typer.Option("--alpha", help="With --detect: the two-sided significance level (0.05)."),
+    ] = None,
+    correlation: Annotated[
+        float | None,
+        typer.Option(
+            "--correlation",
+            help="With --detect: the models' correlation on a cell, instead of history's or 0.",
+        ),
+    ] = None,
+    task_sd: Annotated[
+        float | None,
+        typer.Option(
+            "--task-sd",
+            help="With --detect: the SD across tasks of the difference, instead of history's "
+            "or 0.1.",
+        ),
+    ] = None,
 ) -> None:
     """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds.
 
-    --dry-run stores and sends nothing: it estimates cost and time from earlier executions."""
-    from apg_farm.scheduler import estimate_sweep
+    --dry-run stores and sends nothing: it estimates cost and time from earlier executions;
+    with --detect, also the trials a paired comparison of the models needs, and their price."""
+    from apg_farm.scheduler import check_flags, estimate_sweep, plan_power
     from apg_farm.specs import load_sweep
 
     if dry_run and wait:
@@ -294,6 +325,14 @@ def sweep_submit(
         )
     if as_json and not dry_run:
         raise BadInput("--json goes with --dry-run", field="--json", fix="add --dry-run")
+    wanted = check_flags(
+        dry_run=dry_run,
+        detect=detect,
+        power=power,
+        alpha=alpha,
+        correlation=correlation,
+        task_sd=task_sd,
+    )
     store = open_store()
     if dry_run:
         # What submit checks (the file, the broker's limits, the stored sweep), then no write.
@@ -301,10 +340,16 @@ def sweep_submit(
         if distributed.broker_configured():
             distributed.check_limits(spec)
         estimate = estimate_sweep(store, spec)
+        plan = None if wanted is None else plan_power(store, spec, estimate, **wanted)
         if as_json:
-            print_json(estimate.as_dict())
+            data = estimate.as_dict()
+            if plan is not None:
+                data["power"] = plan.as_dict()
+            print_json(data)
         else:
             out.print(estimate.describe(), markup=False, soft_wrap=True)
+            if plan is not None:
+                out.print(plan.describe(), markup=False, soft_wrap=True)
         return
     result = _submit_file(store, file)
     if not distributed.broker_configured():

@@ -3,7 +3,8 @@
 `stats` holds the statistics (Wilson, pass@k, McNemar, Newcombe, Holm); `report` and `analysis`
 compute a sweep's figures (`costs` what they cost), which `csv_report`, `html_report` (with
 `cost_plot`) and `watch` present; `comparison`, `baseline` and `regression` set one result against
-another; `sealing` and `export` make evidence others can check. Imports store and contract.
+another; `sealing` and `export` make evidence others can check; `power` plans the trials a
+paired comparison needs. Imports store and contract.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from apg_farm.results.baseline import (
     parse_indispensable,
     write_baseline,
 )
+from apg_farm.results.clustered import MIN_TASKS
 from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
@@ -25,6 +27,16 @@ from apg_farm.results.html_report import (
     forest_plot,
     render_html,
     second_chance_section,
+)
+from apg_farm.results.power import (
+    Paired,
+    Rate,
+    between_task_variance,
+    cell_variance,
+    paired_power,
+    tasks_needed,
+    trials_needed,
+    within_task_correlation,
 )
 from apg_farm.results.queries import group_quantiles
 from apg_farm.results.regression import (
@@ -62,18 +74,23 @@ from apg_farm.store import SealedSweep, refuse_if_sealed
 __all__ = [
     "CELL_COUNTS",
     "CSV_COLUMNS",
+    "MIN_TASKS",
     "NOT_VALID",
     "CheckPolicy",
     "CheckVerdict",
     "CostFindings",
     "CostPoint",
     "LoadedBaseline",
+    "Paired",
+    "Rate",
     "SealedSweep",
     "Side",
     "add_stop",
     "analyse",
     "artifacts",
+    "between_task_variance",
     "build_baseline",
+    "cell_variance",
     "check_regression",
     "compare",
     "cost_findings",
@@ -91,6 +108,7 @@ __all__ = [
     "newcombe_paired",
     "newcombe_unpaired",
     "paired_comparison",
+    "paired_power",
     "pareto_front",
     "parse_cost_increase",
     "parse_indispensable",
@@ -110,9 +128,12 @@ __all__ = [
     "stop_section",
     "stop_summary",
     "sweep_report",
+    "tasks_needed",
+    "trials_needed",
     "usd",
     "verify_seal",
     "watch_snapshot",
     "wilson",
+    "within_task_correlation",
     "write_baseline",
 ]
