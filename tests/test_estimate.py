@@ -4,9 +4,7 @@ the same (task, model), with nothing stored."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from apg_farm.scheduler.estimate import FEW
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, Bed, BedState, Execution, Store, Sweep, cancel_sweep, utcnow
 from apg_farm.workers import EmbeddedExecutor
+from tests.cli_runner import run_process, store_env
 from tests.simbeds import make_beds, spec
 
 FIXTURES = ["kb_docs"]
@@ -260,18 +259,7 @@ def test_estimate_from_a_sweep_run_on_simulated_beds_stores_nothing(
 
 
 def _cli(store: Store, home: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
-    env.update({"APG_FARM_HOME": str(home), "APG_FARM_DATABASE_URL": store.url})
-    done = subprocess.run(
-        [sys.executable, "-m", "apg_farm", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == code, f"rc={done.returncode}\n{done.stdout}\n{done.stderr}"
-    return done
+    return run_process(store_env(home, store.url), *args, code=code)
 
 
 def test_cli_dry_run_prints_the_estimate_and_stores_nothing(store: Store, tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ import json
 import math
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from apg_farm.scheduler.power_plan import ASSUMED_TASK_SD, plan_power
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Attempt, Execution, Store
 from apg_farm.workers import EmbeddedExecutor
-from tests.cli_runner import run_main
+from tests.cli_runner import run_main, run_process
 from tests.simbeds import make_beds, spec
 
 HISTORY_TASKS = list(simbed.DEFAULT_TASKS[:3])  # the fourth has no droost spec: never counted
@@ -32,16 +30,7 @@ MODELS = list(simbed.DEFAULT_MODELS[:2])
 
 
 def _cli(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "apg_farm", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == 0, f"rc={done.returncode}\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return run_process(env, *args).stdout
 
 
 def _power_of(detect: float, tasks: int, trials: int, within: float, between: float) -> float:

@@ -4,9 +4,6 @@ embedded (SQLite and PostgreSQL) and on Celery workers, with `apg-farm report` s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ from apg_farm.store import (
 )
 from apg_farm.workers import EmbeddedExecutor
 from tests.celery_farm import celery_app, wait_done
+from tests.cli_runner import run_process, store_env
 from tests.services import RedisServer, Workers
 from tests.simbeds import make_beds, spec
 
@@ -94,18 +92,7 @@ def _report(store: Store, name: str, home: Path, fmt: str) -> str:
 
 def _cli(store: Store, home: Path, *args: str) -> str:
     """`apg-farm ARGS` as a process, on this store: its stdout."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
-    env.update(APG_FARM_HOME=str(home), APG_FARM_DATABASE_URL=store.url, COLUMNS="200")
-    done = subprocess.run(
-        [sys.executable, "-m", "apg_farm", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    return done.stdout
+    return run_process(store_env(home, store.url, COLUMNS="200"), *args).stdout
 
 
 def test_a_decided_comparison_stops_the_sweep_and_the_report_says_so(
