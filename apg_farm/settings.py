@@ -53,6 +53,13 @@ class Settings(BaseSettings):
     believed (a retry): a claim made later may come from an agent that did its work, saw it
     failing and wrote the claim to be tried again (docs/outcomes.md, the rule)."""
 
+    canary_every: int = Field(default=0, ge=0)
+    """A bed's canary (docs/operations.md, "Canaries") is due after this many executions on it
+    since its last one; 0: not by count. A bed's own `apg-farm bed canary --every` wins."""
+    canary_hours: float = Field(default=24.0, ge=0)
+    """A bed's canary is due this many hours after its last one (or its enrolment); 0: not by
+    time. A bed's own `apg-farm bed canary --hours` wins."""
+
     @property
     def backoff(self) -> tuple[float, float]:
         return (self.provider_backoff, max(self.provider_backoff, self.provider_backoff_max))

@@ -7,6 +7,7 @@ worker per bed; `harness` hands a prepared bed to an outside harness (Inspect). 
 
 from __future__ import annotations
 
+from apg_farm.workers.canary import CanaryResult, run_canary
 from apg_farm.workers.celery_app import WORKER_BED, make_app, resume_consumer
 from apg_farm.workers.embedded import EmbeddedExecutor, ExecutorResult
 from apg_farm.workers.engine import AttemptEngine, AttemptReport
@@ -16,6 +17,7 @@ __all__ = [
     "WORKER_BED",
     "AttemptEngine",
     "AttemptReport",
+    "CanaryResult",
     "EmbeddedExecutor",
     "ExecutorResult",
     "HandOver",
@@ -24,4 +26,5 @@ __all__ = [
     "Seat",
     "make_app",
     "resume_consumer",
+    "run_canary",
 ]

@@ -23,6 +23,7 @@ from apg_farm.store import (
     stopped_by_budget,
 )
 from apg_farm.transports import Transport
+from apg_farm.workers.canary import CanaryResult
 from apg_farm.workers.engine import AttemptEngine, AttemptReport
 
 
@@ -36,6 +37,8 @@ class ExecutorResult:
     errors: list[str] = field(default_factory=list)
     #: Why the run stopped with attempts left: a budget reached (raise it, then `sweep resume`).
     paused: list[str] = field(default_factory=list)
+    #: The canaries the beds ran before their claims: the farm's own, never the sweep's.
+    canaries: list[CanaryResult] = field(default_factory=list)
 
 
 class EmbeddedExecutor:
@@ -106,6 +109,11 @@ class EmbeddedExecutor:
                 start_window=self.start_window,
             )
             while not self._stop.is_set():
+                # A canary due on this bed runs before its next claim (workers/canary.py).
+                canary = engine.canary_if_due()
+                if canary is not None:
+                    with self._lock:
+                        self.result.canaries.append(canary)
                 report = engine.run_next(sweep_id=self.sweep_id)
                 if report is not None:
                     with self._lock:

@@ -77,6 +77,7 @@ from apg_farm.store import (
     Refusal,
     Store,
     SweepState,
+    canary_due,
     claim,
     judge_outage_claim,
     mark_agent_started,
@@ -110,6 +111,7 @@ from apg_farm.workers.agent_stop import (
     same_container,
     stop_listing,
 )
+from apg_farm.workers.canary import CanaryResult, run_canary
 from apg_farm.workers.harness import Harness, HarnessEnd
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
@@ -263,6 +265,21 @@ class AttemptEngine:
             # One transport per bed for its whole life: an SSH connection is reused across attempts.
             self.transport: Transport = transport or transport_for(bed)
         self._lock = threading.Lock()
+
+    def canary_if_due(self) -> CanaryResult | None:
+        """The bed's canary, run now when one is due (store/canaries.canary_due), before this
+        engine claims again: a contaminated bed is quarantined before its next attempt is
+        graded. None when none was due."""
+        with self._lock:
+            trigger = self.store.retrying(lambda: canary_due(self.store, self.bed_id))
+            if trigger is None:
+                return None
+            with self.store.read() as session:
+                bed = session.get_one(Bed, self.bed_id)
+                session.expunge(bed)
+            return run_canary(
+                self.store, bed, worker=self.worker, trigger=trigger, transport=self.transport
+            )
 
     def run_next(
         self, *, sweep_id: int | None = None, attempt_id: int | None = None

@@ -77,6 +77,7 @@ class WorkerRuntime:
 
     def run_attempt(self, app: Celery, attempt_id: int, hostname: str | None) -> str:
         """Run the attempt if this bed may take it; otherwise make sure it is not lost."""
+        self._canary_if_due()
         taken = self._take(attempt_id)
         if isinstance(taken, AttemptReport):
             report = taken
@@ -96,6 +97,18 @@ class WorkerRuntime:
         # once it may run, instead of every idle worker passing it round while a budget or a
         # back-off holds. NOT_QUEUED and SWEEP_CLOSED: a duplicate message, nothing to do.
         return str(refusal)[:200]
+
+    def _canary_if_due(self) -> None:
+        """The bed's canary before its next claim, when one is due: a bed it quarantines refuses
+        the claim that follows, and the message is handed back to the pool."""
+        try:
+            canary = self.engine.canary_if_due()
+        except DBAPIError as error:
+            if not is_transient(error):
+                raise
+            return  # the claim that follows waits for the store; the canary stays due
+        if canary is not None:
+            log.info("%s", canary.line())
 
     def _take(self, attempt_id: int) -> AttemptReport | Refusal:
         """The claim, waiting out a lease this bed still holds (a predecessor that died): such a

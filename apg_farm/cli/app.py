@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from apg_farm.cli import analysis as analysis_cli
-from apg_farm.cli import budget, distributed, remote
+from apg_farm.cli import budget, canary, distributed, remote
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
@@ -33,6 +33,7 @@ db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
 remote.register(app, bed_app)
+canary.register(bed_app)
 budget.register(app)
 app.add_typer(db_app, name="db")
 
@@ -189,6 +190,7 @@ def bed_list(
                     "host": b.host,
                     "escrow_set": b.escrow_set,
                     "untrusted_verifier": b.untrusted_verifier,
+                    "canary": canary.canary_of(b),
                     **(
                         {"worker": w.as_dict() if (w := workers.get(b.name)) else None}
                         if workers is not None
@@ -200,7 +202,7 @@ def bed_list(
         )
         return
     table = Table(title="beds")
-    columns = ["name", "pool", "state", "reason", "approot", "verifier"]
+    columns = ["name", "pool", "state", "reason", "approot", "verifier", "canary"]
     for column in columns + (["worker"] if workers is not None else []):
         table.add_column(column)
     for b in beds:
@@ -219,6 +221,7 @@ def bed_list(
             b.state_reason or "",
             b.approot if b.transport == "local" else f"{b.ssh_user}@{b.host}:{b.approot}",
             verifier,
+            canary.canary_cell(b),
             *([distributed.describe_worker(workers.get(b.name))] if workers is not None else []),
         )
     out.print(table)
@@ -236,10 +239,35 @@ def bed_doctor_cmd(
             help="Ask the bed's worker (its `bed.NAME` queue) instead of running it here."
         ),
     ] = False,
+    run_canary: Annotated[
+        bool,
+        typer.Option(
+            "--canary",
+            help="Run the bed's canary instead: verify, reset and grade a task with no agent; "
+            "a PASSED or a grade that cannot run quarantines the bed.",
+        ),
+    ] = False,
+    task: Annotated[
+        str | None, typer.Option(help="With --canary: the task to grade (default: the bed's).")
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="With --canary and --task: the dataset named with it.")
+    ] = None,
 ) -> None:
-    """Run `ddev ai-eval-doctor` on the bed and show its verdict."""
+    """Run `ddev ai-eval-doctor` on the bed and show its verdict (or, with --canary, its canary)."""
     from apg_farm.beds import get_bed
 
+    if (task or dataset) and not run_canary:
+        raise BadInput("--task and --dataset go with --canary", field="--task", fix="add --canary")
+    if run_canary:
+        if via_worker:
+            raise BadInput(
+                "--canary runs here, not through the bed's worker (its claim loop runs the due ones)",
+                field="--via-worker",
+                fix="drop --via-worker",
+            )
+        canary.doctor_canary(name, task=task, dataset=dataset)
+        return
     store = open_store()
     if via_worker:
         event = distributed.maintenance_via_worker(store, get_bed(store, name), "doctor")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import func, not_, or_, select, update
 from sqlalchemy.orm import Session
@@ -28,6 +29,7 @@ from apg_farm.defaults import (
     PROVIDER_BACKOFF_MAX,
 )
 from apg_farm.specs import SweepSpec
+from apg_farm.store.canaries import CANARY_HOLD
 from apg_farm.store.db import Store, rowcount
 from apg_farm.store.models import (
     Attempt,
@@ -355,6 +357,20 @@ def _unattended_refusal(bed: Bed) -> str | None:
     return None
 
 
+def canary_holder(meta: dict[str, Any] | None, now: datetime) -> tuple[str, float] | None:
+    """Who holds the bed for a canary (lifecycle.hold_for_canary), and for how many seconds
+    more, or None. An unreadable hold holds nothing: it expires as if it had."""
+    hold = (meta or {}).get(CANARY_HOLD)
+    if not isinstance(hold, dict):
+        return None
+    try:
+        until = datetime.fromisoformat(str(hold.get("until")))
+    except ValueError:
+        return None
+    left = (until - now).total_seconds()
+    return (str(hold.get("by") or "a canary"), left) if left > 0 else None
+
+
 def _busy(store: Store, session: Session, bed_id: int) -> Refusal | None:
     """A refusal while the bed holds a live claim: a bed never runs two attempts at once.
 
@@ -362,6 +378,10 @@ def _busy(store: Store, session: Session, bed_id: int) -> Refusal | None:
     worker need not wait for the reconciler; one whose lease still runs (a predecessor that died
     moments ago) is waited for, never handed round. The caller holds the bed's lock.
     """
+    meta = session.get_one(Bed, bed_id).meta
+    if meta and CANARY_HOLD in meta and (held_by := canary_holder(meta, db_time(store, session))):
+        # A canary runs on the bed (lifecycle.hold_for_canary): nothing else may.
+        return Refusal(Why.BED_BUSY, f"a canary by {held_by[0]} holds the bed", retry_in=held_by[1])
     held = session.execute(
         select(Attempt.id, Attempt.lease_expires_at < store.now(), Attempt.lease_expires_at)
         .where(Attempt.bed_id == bed_id, Attempt.state == AttemptState.RUNNING)

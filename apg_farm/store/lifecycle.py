@@ -28,6 +28,8 @@ never wait for each other in opposite orders.
 | a model's believed outage opened | `judge_outage_claim` (pacing.believe_outage) | the model's gate |
 | a harness's sweep made, one sample's attempt queued | `open_harness_attempt` | the sweep |
 | queued -> done CANCELLED, one attempt (its sample interrupted) | `cancel_attempt` | the attempt |
+| a canary holds the bed (claims refuse it), then its event, summary and quarantine | `hold_for_canary`, `record_canary` | bed |
+| a bed's own canary settings | `set_canary_config` | bed |
 """
 
 from __future__ import annotations
@@ -45,7 +47,15 @@ from sqlalchemy.orm import Session
 from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import SweepSpec
-from apg_farm.store.claims import AGENT_STOPPED, Claim
+from apg_farm.store.canaries import (
+    CANARY,
+    CANARY_CONFIG,
+    CANARY_HOLD,
+    HEALTHY,
+    INCONCLUSIVE,
+    QUARANTINING,
+)
+from apg_farm.store.claims import AGENT_STOPPED, Claim, canary_holder
 from apg_farm.store.db import Store, rowcount
 from apg_farm.store.models import (
     Attempt,
@@ -59,7 +69,7 @@ from apg_farm.store.models import (
     SweepState,
     utcnow,
 )
-from apg_farm.store.pacing import add_spend, believe_outage
+from apg_farm.store.pacing import add_spend, believe_outage, db_time
 from apg_farm.store.rules import done, finish_draining, pace_model, quarantine, settle, to_the_back
 from apg_farm.store.stopping import lock_sweep, look, stop_reason
 from apg_farm.transports import CommandResult
@@ -592,3 +602,92 @@ def _harness_sweep(
     except IntegrityError:
         pass  # made meanwhile by another sample: read it below
     return session.scalars(query).one()
+
+
+# --- canaries: the farm's own execution on a bed (store/canaries.py, workers/canary.py) ------
+
+
+def hold_for_canary(
+    store: Store, bed_id: int, *, seconds: float, by: str, operator: bool = False
+) -> str | None:
+    """Hold the bed for a canary (claims refuse it until `record_canary` or `seconds` pass), or
+    say why not: a bed running an attempt under a live lease, or held by another canary, is busy;
+    a removed bed is out. A worker holds only an active bed; an operator (`bed doctor --canary`)
+    may also look at a quarantined or draining one."""
+    with store.session() as session:
+        bed = _lock_bed(store, session, bed_id)
+        allowed = (BedState.ACTIVE, BedState.QUARANTINED, BedState.DRAINING)
+        if bed.state not in (allowed if operator else (BedState.ACTIVE,)):
+            return f"the bed is {bed.state}"
+        running = session.scalar(
+            select(Attempt.id).where(
+                Attempt.bed_id == bed.id,
+                Attempt.state == AttemptState.RUNNING,
+                Attempt.lease_expires_at > store.now(),
+            )
+        )
+        if running is not None:
+            return f"attempt {running} is running on it; try again when it ends"
+        now = db_time(store, session)
+        holder = canary_holder(bed.meta, now)
+        if holder is not None:
+            return f"a canary by {holder[0]} holds it"
+        until = now + timedelta(seconds=seconds)
+        bed.meta = {**(bed.meta or {}), CANARY_HOLD: {"until": until.isoformat(), "by": by}}
+        return None
+
+
+def record_canary(
+    store: Store, bed_id: int, evidence: dict[str, Any], *, quarantine_reason: str | None
+) -> int:
+    """One canary's end, in one transaction: its bed event (kind "canary", the evidence as JSON),
+    the bed's canary summary, the quarantine it asks for, and the bed's hold let go. Never an
+    attempt or an execution: no sweep counts it. The event's id is returned."""
+    import json
+
+    result = str(evidence.get("result"))
+    with store.session() as session:
+        bed = _lock_bed(store, session, bed_id)
+        event = BedEvent(
+            bed_id=bed.id, kind=CANARY, detail=json.dumps(evidence, sort_keys=True, default=str)
+        )
+        session.add(event)
+        session.flush()
+        meta = {k: v for k, v in (bed.meta or {}).items() if k != CANARY_HOLD}
+        summary = dict(meta.get(CANARY) or {})
+        at = utcnow().isoformat()
+        failed = result != HEALTHY and result != INCONCLUSIVE
+        summary.update(
+            count=int(summary.get("count", 0)) + 1,
+            failures=int(summary.get("failures", 0)) + (1 if failed else 0),
+            last_result=result,
+            last_at=at,
+            last_event=event.id,
+            last_reason=evidence.get("reason"),
+        )
+        if failed:
+            summary["last_failure_at"] = at
+        if result != INCONCLUSIVE:
+            # A failed link taught nothing: the canary stays due.
+            summary["due_from"] = at
+        if evidence.get("task") and result == HEALTHY:
+            summary["task"] = evidence["task"]
+        meta[CANARY] = summary
+        bed.meta = meta
+        if quarantine_reason is not None and result in QUARANTINING:
+            quarantine(session, bed, [f"{quarantine_reason} (canary: bed event {event.id})"])
+        return event.id
+
+
+def set_canary_config(store: Store, name: str, values: dict[str, Any] | None) -> dict[str, Any]:
+    """A bed's own canary settings (checked by canaries.check_canary_config), merged over what
+    it had; None clears them (the farm's APG_FARM_CANARY_* apply). Returns what it has now."""
+    with store.session() as session:
+        row = _bed_named(session, store, name)
+        meta = dict(row.meta or {})
+        if values is None:
+            meta.pop(CANARY_CONFIG, None)
+        else:
+            meta[CANARY_CONFIG] = {**(meta.get(CANARY_CONFIG) or {}), **values}
+        row.meta = meta
+        return dict(meta.get(CANARY_CONFIG) or {})
