@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from apg_farm.errors import BadInput
 from apg_farm.fixtures import simbed
 from apg_farm.results import find_sweep, sweep_report
-from apg_farm.scheduler import submit
+from apg_farm.scheduler import publish_attempts, submit
 from apg_farm.store import (
     CANARY,
     Attempt,
@@ -37,7 +37,9 @@ from apg_farm.store import (
     set_canary_config,
 )
 from apg_farm.workers import EmbeddedExecutor, run_canary
+from tests.celery_farm import assert_counted_once_and_no_overlap, celery_app, wait_done
 from tests.cli_runner import run_main
+from tests.services import RedisServer, Workers
 from tests.simbeds import make_beds, spec
 
 TASK = simbed.DEFAULT_TASKS[0]
@@ -80,7 +82,7 @@ def test_a_contaminated_bed_fails_its_canary_before_its_next_attempt(
     )
     for bed in (dirty, clean):
         set_canary_config(store, bed.name, {"every": 1})
-    sweep_id = submit(store, spec(task_ids=[TASK], models=1, trials=6)).sweep_id
+    sweep_id = submit(store, spec(task_ids=[TASK], models=1, trials=4)).sweep_id
     result = EmbeddedExecutor(store, sweep_id).run()
     assert not result.errors, result.errors
 
@@ -100,11 +102,13 @@ def test_a_contaminated_bed_fails_its_canary_before_its_next_attempt(
         started = list(
             session.scalars(select(Execution.started_at).where(Execution.bed_id == dirty.id))
         )
-        outcomes = list(session.scalars(select(Attempt.outcome).where(Attempt.sweep_id == sweep_id)))
+        outcomes = list(
+            session.scalars(select(Attempt.outcome).where(Attempt.sweep_id == sweep_id))
+        )
     # Its one attempt ran before the canary; none after (the canary ran before the next claim).
     assert len(started) == 1 and started[0] < event.at
     # The clean bed took the rest; its canaries all found the task FAILED at baseline.
-    assert len(outcomes) == 6 and None not in outcomes
+    assert len(outcomes) == 4 and None not in outcomes
     assert {d["result"] for _, d in _canaries(store, clean.id)} == {"healthy"}
     assert _bed(store, clean.id).state == BedState.ACTIVE
 
@@ -116,7 +120,7 @@ def test_clean_canaries_never_count_in_a_sweep(store: Store, tmp_path: Path) -> 
     beds = make_beds(store, tmp_path / "with", 2)
     for bed in beds:
         set_canary_config(store, bed.name, {"every": 1})
-    plan = spec(tasks=2, models=2, trials=2)
+    plan = spec(tasks=2, models=2, trials=1)
     sweep_id = submit(store, plan).sweep_id
     result = EmbeddedExecutor(store, sweep_id).run()
     assert not result.errors and not result.stranded
@@ -131,23 +135,54 @@ def test_clean_canaries_never_count_in_a_sweep(store: Store, tmp_path: Path) -> 
         control.dispose()
 
     canaries = _canaries(store)
-    assert len(canaries) >= 4, "every bed ran canaries between its attempts"
+    assert len(canaries) >= 2, "the beds ran canaries between their attempts"
     assert {d["result"] for _, d in canaries} == {"healthy"}
     assert {d["score"] for _, d in canaries} == {0.0}
     assert len(result.canaries) == len(canaries)
     report = sweep_report(store, find_sweep(store, str(sweep_id)))
     assert report["outcomes"] == expected["outcomes"]
     assert report["cells"] == expected["cells"]
-    assert report["sweep"]["attempts"] == 8 == sum(c["n"] for c in report["cells"])
+    assert report["sweep"]["attempts"] == 4 == sum(c["n"] for c in report["cells"])
     with store.read() as session:
         executions = session.scalar(select(func.count()).select_from(Execution))
         grades = session.scalar(
             select(func.count()).select_from(Phase).where(Phase.name == "grade")
         )
-    assert executions == 8 and grades == 8
+    assert executions == 4 and grades == 4
     for bed in beds:
         summary = (_bed(store, bed.id).meta or {})[CANARY]
         assert summary["failures"] == 0 and summary["last_result"] == "healthy"
+
+
+def test_celery_workers_run_canaries_before_their_claims(
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    """The same on `apg-farm worker` processes: the contaminated bed's worker runs its canary
+    before its next claim and is quarantined after one attempt; the clean bed's canaries are
+    healthy; every attempt is counted once and the report counts exactly the sweep's attempts."""
+    store, workers = celery_farm
+    dirty, clean = make_beds(
+        store, tmp_path, 2, config={"skill": ALL_PASS}, faults={0: {"stale_cache": True}}
+    )
+    for bed in (dirty, clean):
+        set_canary_config(store, bed.name, {"every": 1})
+    sweep_id = submit(store, spec("celery", task_ids=[TASK], models=1, trials=5)).sweep_id
+    for bed in (dirty, clean):
+        workers.start(bed.name)
+    publish_attempts(store, celery_app(redis), range(1, 6))
+    wait_done(store, sweep_id, redis, workers)
+    assert_counted_once_and_no_overlap(store, [dirty, clean])
+    assert _bed(store, dirty.id).state == BedState.QUARANTINED
+    ((event, detail),) = _canaries(store, dirty.id)
+    assert detail["result"] == "contaminated" and detail["worker"].startswith("celery:")
+    with store.read() as session:
+        started = list(
+            session.scalars(select(Execution.started_at).where(Execution.bed_id == dirty.id))
+        )
+    assert all(at < event.at for at in started) and len(started) >= 1
+    assert {d["result"] for _, d in _canaries(store, clean.id)} == {"healthy"}
+    report = sweep_report(store, find_sweep(store, str(sweep_id)))
+    assert report["sweep"]["attempts"] == 5 == report["outcomes"]["PASSED"]
 
 
 @pytest.mark.parametrize(
