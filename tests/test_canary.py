@@ -39,6 +39,7 @@ from apg_farm.store import (
 from apg_farm.workers import EmbeddedExecutor, run_canary
 from tests.celery_farm import assert_counted_once_and_no_overlap, celery_app, wait_done
 from tests.cli_runner import run_main
+from tests.dashboard_farm import Client, DashFarm, serving
 from tests.services import RedisServer, Workers
 from tests.simbeds import make_beds, spec
 
@@ -257,6 +258,29 @@ def test_doctor_canary_on_a_clean_and_a_contaminated_bed(
     assert by_name[dirty.name]["state"] == "quarantined"
     table, _ = run_main(monkeypatch, capsys, "bed", "list")
     assert "contaminated" in table and "healthy" in table, table
+
+    # The dashboard's beds page and its API show the same history; the event's phases stay out.
+    farm = DashFarm(home=farm_home, store=store, sweeps={}, hostile_attempt=0)
+    with serving(farm, farm_home / "serve.log") as server:
+        client = Client(server.url)
+        assert client.login().status == 303
+        page = client.get("/beds").body
+        api = json.loads(client.get("/api/beds").body)
+    assert "canary:" in page and "contaminated" in page and "1 run, 1 failed" in page, page
+    beds = {b["name"]: b for group in api["hosts"] for b in group["beds"]}
+    assert beds[clean.name]["canary"]["last_result"] == "healthy"
+    assert beds[dirty.name]["canary"] | {"last_at": None, "last_failure_at": None} == {
+        "last_result": "contaminated",
+        "last_at": None,
+        "last_reason": beds[dirty.name]["canary"]["last_reason"],
+        "last_event": beds[dirty.name]["canary"]["last_event"],
+        "count": 1,
+        "failures": 1,
+        "last_failure_at": None,
+    }
+    shown = [e for e in beds[dirty.name]["events"] if e["kind"] == CANARY]
+    assert len(shown) == 1 and len(shown[0]["detail"]) <= 400
+    assert shown[0]["detail"].startswith('{"result": "contaminated", "reason": ')
 
 
 @pytest.mark.parametrize(

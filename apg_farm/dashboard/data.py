@@ -14,12 +14,13 @@ from collections import Counter, defaultdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from apg_farm.errors import NotFound
 from apg_farm.results import watch_snapshot
 from apg_farm.store import (
+    CANARY,
     Attempt,
     AttemptState,
     Bed,
@@ -29,6 +30,7 @@ from apg_farm.store import (
     Phase,
     Store,
     Sweep,
+    summary_of,
 )
 
 #: Rows per page of a sweep's attempts, and the most a caller may ask for.
@@ -39,6 +41,9 @@ SWEEPS_PAGE = 100
 #: Per bed on the beds page: its latest executions and events.
 BED_EXECUTIONS = 5
 BED_EVENTS = 8
+#: Characters of a canary event shown among a bed's events: its result and reason lead its JSON,
+#: its phases' outputs (up to hundreds of KiB) stay in the store (`apg-farm bed canary`).
+CANARY_DETAIL = 400
 
 
 def iso(value: datetime | None) -> str | None:
@@ -224,6 +229,21 @@ def _running_by_bed(store: Store, session: Session) -> dict[str, dict[str, Any]]
     return found
 
 
+def canary_history(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """A bed's canary history from its summary (store/canaries.py): the last result, when,
+    why, how many ran and how many failed."""
+    found = summary_of(meta)
+    return {
+        "last_result": found.get("last_result"),
+        "last_at": found.get("last_at"),
+        "last_reason": found.get("last_reason"),
+        "last_event": found.get("last_event"),
+        "count": int(found.get("count", 0)),
+        "failures": int(found.get("failures", 0)),
+        "last_failure_at": found.get("last_failure_at"),
+    }
+
+
 def beds_overview(store: Store) -> dict[str, Any]:
     """Every bed grouped by host: state and reason, what it runs now (phase and for how long),
     its latest executions and events."""
@@ -252,8 +272,12 @@ def beds_overview(store: Store) -> dict[str, Any]:
                 .order_by(Execution.id.desc())
                 .limit(BED_EXECUTIONS)
             ).all()
+            detail = case(
+                (BedEvent.kind == CANARY, func.substr(BedEvent.detail, 1, CANARY_DETAIL)),
+                else_=BedEvent.detail,
+            )
             events = session.execute(
-                select(BedEvent.at, BedEvent.kind, BedEvent.detail)
+                select(BedEvent.at, BedEvent.kind, detail)
                 .where(BedEvent.bed_id == bed.id)
                 .order_by(BedEvent.id.desc())
                 .limit(BED_EVENTS)
@@ -272,6 +296,7 @@ def beds_overview(store: Store) -> dict[str, Any]:
                     "untrusted_verifier": bed.untrusted_verifier,
                     "failures_in_a_row": bed.consecutive_errors,
                     "running": running.get(bed.name),
+                    "canary": canary_history(bed.meta),
                     "executions": [
                         {
                             "id": e_id,

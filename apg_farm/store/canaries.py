@@ -155,7 +155,8 @@ def canary_due(store: Store, bed_id: int, settings: Settings | None = None) -> s
         config = effective_config(bed.meta, settings)
         if not config.enabled:
             return None
-        since = _since(bed.meta, bed.created_at)
+        # A row written without an enrolment time (raw SQL) starts its clock now.
+        since = _since(bed.meta, bed.created_at or utcnow())
         if config.hours > 0 and utcnow() - since >= timedelta(hours=config.hours):
             return f"{config.hours:g} h since the last canary"
         if config.every > 0:

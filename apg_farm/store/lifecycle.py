@@ -648,9 +648,12 @@ def record_canary(
     result = str(evidence.get("result"))
     with store.session() as session:
         bed = _lock_bed(store, session, bed_id)
-        event = BedEvent(
-            bed_id=bed.id, kind=CANARY, detail=json.dumps(evidence, sort_keys=True, default=str)
-        )
+        # Result and reason first: a view that shows the head of the detail shows those.
+        ordered: dict[str, Any] = {
+            k: evidence[k] for k in ("result", "reason", "task") if k in evidence
+        }
+        ordered.update(evidence)
+        event = BedEvent(bed_id=bed.id, kind=CANARY, detail=json.dumps(ordered, default=str))
         session.add(event)
         session.flush()
         meta = {k: v for k, v in (bed.meta or {}).items() if k != CANARY_HOLD}

@@ -205,6 +205,16 @@
         if (state) {
           state.textContent = b.state;
         }
+        var canary = article.querySelector('[data-field="canary"]');
+        var c = b.canary;
+        if (canary && c) {
+          // Text only: a canary's reason quotes what a bed printed.
+          canary.textContent = "canary: " + (c.count
+            ? c.last_result + " at " + c.last_at + " · " + c.count + " run, " + c.failures + " failed" +
+              (c.last_failure_at ? " (last failure " + c.last_failure_at + ")" : "") + " · " + (c.last_reason || "")
+            : "never run");
+          canary.className = "canary " + (!c.count ? "muted" : c.last_result === "healthy" ? "ok" : c.last_result === "inconclusive" ? "warn" : "bad");
+        }
         var now = article.querySelector('[data-field="now"]');
         if (!now) {
           return;
