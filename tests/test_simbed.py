@@ -434,6 +434,27 @@ def test_reset_restores_site_and_keeps_runs(ready: tuple[SimBed, Path]) -> None:
     assert score_of(grade_envelope(bed, "dv01_view_build", run_id)) == 0.0
 
 
+def test_stale_cache_keeps_the_build_for_the_grade_not_the_diff(
+    ready: tuple[SimBed, Path],
+) -> None:
+    """`stale_cache`: the reset succeeds and the diff shows baseline, but the grade still reads
+    what the last attempt built (a cache the database restore does not clear)."""
+    bed, _ = ready
+    set_skill(bed, "dv01_view_build", 1.0)
+    bed.attempt("dv01_view_build")
+    write_faults(bed.root, {"stale_cache": True})
+    assert bed.run("ai-eval-reset").rc == 0
+    diff = bed.run("ai-eval-diff")
+    assert diff.rc == 0 and json.loads(diff.stdout)["changed"] is False
+    graded = bed.run("ai-eval-grade", "dv01_view_build")
+    assert graded.rc == 0 and score_of(json.loads(graded.stdout)) == 5.0
+    other = bed.run("ai-eval-grade", "cv01_canvas_home")
+    assert score_of(json.loads(other.stdout)) == 0.0
+    write_faults(bed.root, {})
+    assert bed.run("ai-eval-reset").rc == 0  # a healed bed's reset clears the cache
+    assert score_of(json.loads(bed.run("ai-eval-grade", "dv01_view_build").stdout)) == 0.0
+
+
 def test_reset_needs_a_baseline(bed: SimBed) -> None:
     """Reset before provision fails (script exit 1)."""
     result = bed.run("ai-eval-reset")
