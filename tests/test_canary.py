@@ -223,7 +223,13 @@ def test_a_canary_holds_its_bed(store: Store, tmp_path: Path) -> None:
     taken = claim(store, bed.id, lease_seconds=60, worker="w")
     assert isinstance(taken, Refusal) and taken.why == Why.BED_BUSY, taken
     assert "first" in (hold_for_canary(store, bed.id, seconds=60, by="second") or "")
-    record_canary(store, bed.id, {"result": "healthy"}, quarantine_reason=None)
+    # Its holder may take it again (a retry whose commit went through).
+    assert hold_for_canary(store, bed.id, seconds=60, by="first") is None
+    first = record_canary(store, bed.id, {"id": "c1", "result": "healthy"}, quarantine_reason=None)
+    # Recording it again (a retry whose commit went through) adds nothing.
+    again = record_canary(store, bed.id, {"id": "c1", "result": "healthy"}, quarantine_reason=None)
+    assert again == first and len(_canaries(store, bed.id)) == 1
+    assert (_bed(store, bed.id).meta or {})[CANARY]["count"] == 1
     held = claim(store, bed.id, lease_seconds=60, worker="w")
     assert not isinstance(held, Refusal), held
     assert "is running on it" in (hold_for_canary(store, bed.id, seconds=60, by="third") or "")

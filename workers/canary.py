@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,9 +94,11 @@ def run_canary(
     operator: bool = False,
 ) -> CanaryResult:
     """Hold the bed, verify, reset and grade it, record what that showed (and quarantine)."""
-    tasks, dataset = canary_tasks(store, bed.id, task=task, dataset=dataset)
+    tasks, dataset = store.retrying(lambda: canary_tasks(store, bed.id, task=task, dataset=dataset))
     hold = TIMEOUTS.verify + TIMEOUTS.reset + TIMEOUTS.grade * MAX_CANDIDATES + 60
-    refused = hold_for_canary(store, bed.id, seconds=hold, by=worker, operator=operator)
+    refused = store.retrying(
+        lambda: hold_for_canary(store, bed.id, seconds=hold, by=worker, operator=operator)
+    )
     if refused is not None:
         return CanaryResult(bed.name, "busy", refused)
     own = transport is None
@@ -116,6 +119,8 @@ def run_canary(
             transport.close()
     seconds = time.monotonic() - started
     evidence: dict[str, Any] = {
+        # Makes recording it safe to repeat (lifecycle.record_canary).
+        "id": uuid.uuid4().hex,
         "result": result,
         "reason": reason,
         "trigger": trigger,

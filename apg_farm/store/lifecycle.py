@@ -630,7 +630,8 @@ def hold_for_canary(
             return f"attempt {running} is running on it; try again when it ends"
         now = db_time(store, session)
         holder = canary_holder(bed.meta, now)
-        if holder is not None:
+        # Its own hold is taken again: a retry after a commit whose answer was lost.
+        if holder is not None and holder[0] != by:
             return f"a canary by {holder[0]} holds it"
         until = now + timedelta(seconds=seconds)
         bed.meta = {**(bed.meta or {}), CANARY_HOLD: {"until": until.isoformat(), "by": by}}
@@ -648,6 +649,10 @@ def record_canary(
     result = str(evidence.get("result"))
     with store.session() as session:
         bed = _lock_bed(store, session, bed_id)
+        known = dict((bed.meta or {}).get(CANARY) or {})
+        if evidence.get("id") is not None and known.get("last_id") == evidence["id"]:
+            # Recorded by an earlier try whose commit went through before its answer was lost.
+            return int(known["last_event"])
         # Result and reason first: a view that shows the head of the detail shows those.
         ordered: dict[str, Any] = {
             k: evidence[k] for k in ("result", "reason", "task") if k in evidence
@@ -667,6 +672,7 @@ def record_canary(
             last_at=at,
             last_event=event.id,
             last_reason=evidence.get("reason"),
+            last_id=evidence.get("id"),
         )
         if failed:
             summary["last_failure_at"] = at
