@@ -41,6 +41,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from apg_farm.contract.provenance import envelope_provenance  # noqa: E402
 from apg_farm.store import Store, normalize_url  # noqa: E402
 
 #: Outcomes of the attempts that are not PASSED, by weight.
@@ -128,6 +129,7 @@ def _rows(
     envelopes: bool,
     phases: int,
     seed: int,
+    extract: bool = True,
 ) -> Iterator[tuple[str, tuple[Any, ...]]]:
     """(table, row) for every attempt, execution and phase of the sweep, tallying `expected`."""
     rng = random.Random(seed)
@@ -161,29 +163,30 @@ def _rows(
                 for number, (result, bed) in enumerate(tries, start=1):
                     execution_id += 1
                     bed_name = f"bed{bed:02d}"
-                    envelope = None
+                    envelope = provenance = None
                     if envelopes and result in GRADED:
                         envelope = _envelope(
                             task, model, bed_name, execution_id, result == "PASSED"
                         )
+                        if extract:  # as the farm records it (lifecycle._fill)
+                            provenance = json.dumps(envelope_provenance(envelope), sort_keys=True)
                         expected.envelopes += 1
                     expected.executions += 1
                     expected.bed_executions[bed_name] += 1
                     seconds = 30.0 + (execution_id * 7919) % 600 / 10
-                    yield (
-                        "executions",
-                        (
-                            execution_id,
-                            attempt_id,
-                            bed + 1,
-                            number,
-                            at - timedelta(seconds=seconds),
-                            at,
-                            result,
-                            seconds,
-                            envelope,
-                        ),
+                    execution = (
+                        execution_id,
+                        attempt_id,
+                        bed + 1,
+                        number,
+                        at - timedelta(seconds=seconds),
+                        at,
+                        result,
+                        seconds,
+                        envelope,
                     )
+                    # A store from before migration 0012 has no provenance column.
+                    yield ("executions", (*execution, provenance) if extract else execution)
                     for name in PHASES[:phases]:
                         argv = ESCROW_ARGV
                         if name == "verify_after" and bed == 0:
@@ -204,7 +207,7 @@ def _rows(
 COLUMNS = {
     "attempts": "id, sweep_id, task, model, trial, seq, state, outcome, created_at",
     "executions": "id, attempt_id, bed_id, number, started_at, finished_at, result, "
-    "bed_seconds, envelope",
+    "bed_seconds, envelope, provenance",
     "phases": "execution_id, name, argv, started_at, finished_at, duration",
 }
 #: Constant columns every row of a table gets (NOT NULL in the schema, no server default).
@@ -236,8 +239,13 @@ def _sqlite_value(value: Any) -> Any:
     return value
 
 
+def _names(table: str, rows: list[tuple[Any, ...]]) -> list[str]:
+    # The leading columns the rows carry (executions without provenance: an old store).
+    return [*COLUMNS[table].split(", ")[: len(rows[0])], *CONSTANTS[table]]
+
+
 def _insert_sqlite(conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
-    names = [*COLUMNS[table].split(", "), *CONSTANTS[table]]
+    names = _names(table, rows)
     marks = ", ".join("?" for _ in names)
     conn.exec_driver_sql(
         f"INSERT INTO {table} ({', '.join(names)}) VALUES ({marks})",
@@ -246,7 +254,7 @@ def _insert_sqlite(conn: sa.Connection, table: str, rows: list[tuple[Any, ...]])
 
 
 def _insert_postgres(conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
-    names = [*COLUMNS[table].split(", "), *CONSTANTS[table]]
+    names = _names(table, rows)
     raw = conn.connection.driver_connection
     assert raw is not None
     with (
@@ -274,8 +282,10 @@ def build_sweep(
     phases: int = 0,
     seed: int = 7,
     name: str = "bench",
+    provenance: bool = True,
 ) -> Expected:
-    """A finished sweep of about `executions` executions, written with bulk inserts."""
+    """A finished sweep of about `executions` executions, written with bulk inserts; with
+    `provenance` False, as a store from before migration 0012 (no executions.provenance)."""
     trials = max(1, round(executions / (tasks * models * 1.02)))
     spec = {
         "tasks": [f"task{t:03d}" for t in range(tasks)],
@@ -319,6 +329,7 @@ def build_sweep(
             envelopes=envelopes,
             phases=phases,
             seed=seed,
+            extract=provenance,
         )
         for table, row in generated:
             batch = batches[table]

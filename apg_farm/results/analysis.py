@@ -2,16 +2,15 @@
 
 `analyse` extends `report.sweep_report` (same keys, more of them) and is what every report format,
 baseline and export is built from. It reads the store only, through `queries`, which aggregate in
-the database; the arithmetic is in `stats`. Only the envelopes' provenance is read row by row, and
-streamed.
+the database; the arithmetic is in `stats`. Provenance is counted from what the farm extracted from
+each envelope when it recorded it (executions.provenance), grouped by the database too.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +20,7 @@ from sqlalchemy.orm import Session
 from apg_farm import __version__
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
 from apg_farm.contract import Outcome
+from apg_farm.contract.provenance import FINGERPRINTS, LIBRARY, envelope_provenance
 from apg_farm.results import queries
 from apg_farm.results.costs import add_costs
 from apg_farm.results.report import CELL_COUNTS, report_from_cells
@@ -51,16 +51,6 @@ PHASE_ORDER = (
 
 #: Outcomes whose envelope was read and accepted: these are the graded attempts.
 GRADED: frozenset[str] = GRADED_OUTCOMES
-
-#: Envelope provenance fields summarised per sweep (the bed's code and data fingerprints).
-FINGERPRINTS = (
-    "grader_tree_sha256",
-    "grader_class_sha256",
-    "dataset_sha256",
-    "dataset_path",
-    "grader",
-    "hash_algorithm",
-)
 
 
 def _rate_cell(passed: int, n: int, k: int) -> dict[str, Any]:
@@ -153,30 +143,16 @@ def _phases(
     }
 
 
-def _tally(counter: dict[str, Counter[str]], key: str, value: str | None) -> None:
+def _tally(counter: dict[str, Counter[str]], key: str, value: str | None, count: int) -> None:
     if value:
-        counter.setdefault(key, Counter())[value] += 1
+        counter.setdefault(key, Counter())[value] += count
 
 
 def _envelope_details(raw: bytes) -> tuple[dict[str, str], str | None]:
-    """Provenance strings of an envelope (both additional_details), and its eval library."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return {}, None
-    if not isinstance(doc, dict):
-        return {}, None
-    details: dict[str, str] = {}
-    for section in ("source_metadata", "eval_library"):
-        part = doc.get(section)
-        extra = part.get("additional_details") if isinstance(part, dict) else None
-        if isinstance(extra, dict):
-            details.update({k: v for k, v in extra.items() if isinstance(v, str)})
-    library = doc.get("eval_library")
-    name = None
-    if isinstance(library, dict):
-        name = f"{library.get('name', '?')} {library.get('version', '?')}"
-    return details, name
+    """Provenance strings of an envelope (both additional_details), and its eval library: what
+    the farm stores when it records the envelope (contract/provenance.py)."""
+    details = envelope_provenance(raw)
+    return details, details.pop(LIBRARY, None)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -184,7 +160,7 @@ def _iso(value: datetime | None) -> str | None:
 
 
 class _Provenance:
-    """Tallies of the graded envelopes' provenance, fed one envelope at a time."""
+    """Tallies of the graded envelopes' provenance, fed a group of equal ones at a time."""
 
     def __init__(self) -> None:
         self.fingerprints: dict[str, Counter[str]] = {}
@@ -193,15 +169,16 @@ class _Provenance:
         self.libraries: Counter[str] = Counter()
         self.envelopes = 0
 
-    def add(self, task: str, bed: str, raw: bytes) -> None:
-        details, library = _envelope_details(raw)
-        self.envelopes += 1
+    def add(self, task: str, bed: str, details: Mapping[str, str], count: int = 1) -> None:
+        """`count` envelopes of `task` graded on `bed`, each with provenance `details`."""
+        self.envelopes += count
+        library = details.get(LIBRARY)
         if library:
-            self.libraries[library] += 1
+            self.libraries[library] += count
         for key in FINGERPRINTS:
-            _tally(self.fingerprints, key, details.get(key))
-        _tally(self.task_hashes, task, details.get("task_sha256"))
-        _tally(self.bed_prints, bed, details.get("grader_tree_sha256"))
+            _tally(self.fingerprints, key, details.get(key), count)
+        _tally(self.task_hashes, task, details.get("task_sha256"), count)
+        _tally(self.bed_prints, bed, details.get("grader_tree_sha256"), count)
 
     def warnings(self) -> list[str]:
         found = []
@@ -215,6 +192,23 @@ class _Provenance:
             if len(hashes) > 1:
                 found.append(f"task {task} was graded against {len(hashes)} different task_sha256")
         return found
+
+
+def _read_provenance(
+    session: Session, sweep_id: int, names: dict[int, str], provenance: _Provenance
+) -> None:
+    """Tally the provenance the farm stored per execution, grouped by the database; envelopes
+    stored without it (written around the farm's record path) are parsed, streamed."""
+    unextracted = False
+    for task, bed_id, details, count in queries.provenance_groups(session, sweep_id, GRADED):
+        if details is None:
+            unextracted = True
+        elif bed_id in names:
+            provenance.add(task, names[bed_id], details if isinstance(details, dict) else {}, count)
+    if unextracted:
+        for task, bed_id, raw in queries.unextracted_envelopes(session, sweep_id, GRADED):
+            if bed_id in names:
+                provenance.add(task, names[bed_id], envelope_provenance(bytes(raw)))
 
 
 def _beds(
@@ -279,9 +273,7 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
         names = {bed_id: name for bed_id, name in session.execute(select(Bed.id, Bed.name))}
         untrusted = sorted(names[b] for b in summary.untrusted if b in names)
         report = report_from_cells(sweep, tally.cells, untrusted)
-        for task, bed_id, raw in queries.graded_envelopes(session, sweep.id, GRADED):
-            if bed_id in names:
-                provenance.add(task, names[bed_id], bytes(raw))
+        _read_provenance(session, sweep.id, names, provenance)
         beds = _beds(session, sweep, names, provenance.bed_prints)
     cells = report["cells"]
     for cell in cells:

@@ -302,10 +302,26 @@ def group_quantiles(
     return out
 
 
-def graded_envelopes(session: Session, sweep_id: int, graded: Iterable[str]) -> Iterator[Any]:
-    """(task, bed id, envelope bytes) of the sweep's graded executions, streamed in batches."""
+def provenance_groups(
+    session: Session, sweep_id: int, graded: Iterable[str]
+) -> list[tuple[str, int, dict[str, str] | None, int]]:
+    """(task, bed id, provenance, executions) over the sweep's graded executions with an
+    envelope: one row per distinct provenance of a (task, bed), however many executions.
+    Provenance None: envelopes whose provenance was never extracted (`unextracted_envelopes`)."""
+    stmt = sweep_executions(
+        sweep_id, Attempt.task, Execution.bed_id, Execution.provenance, func.count()
+    ).where(Execution.result.in_(sorted(graded)), Execution.envelope.is_not(None))
+    stmt = stmt.group_by(Attempt.task, Execution.bed_id, Execution.provenance)
+    return [(task, bed, found, int(n)) for task, bed, found, n in session.execute(stmt)]
+
+
+def unextracted_envelopes(session: Session, sweep_id: int, graded: Iterable[str]) -> Iterator[Any]:
+    """(task, bed id, envelope bytes) of the sweep's graded executions whose provenance was not
+    stored (written by something other than the farm's record path), streamed in batches."""
     stmt = sweep_executions(sweep_id, Attempt.task, Execution.bed_id, Execution.envelope).where(
-        Execution.result.in_(sorted(graded)), Execution.envelope.is_not(None)
+        Execution.result.in_(sorted(graded)),
+        Execution.envelope.is_not(None),
+        Execution.provenance.is_(None),
     )
     yield from session.execute(stmt, execution_options={"yield_per": STREAM_BATCH})
 

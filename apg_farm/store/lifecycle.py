@@ -42,6 +42,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict
+from apg_farm.contract.provenance import envelope_provenance
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import SweepSpec
 from apg_farm.store.claims import AGENT_STOPPED, Claim
@@ -213,6 +214,8 @@ def _fill(execution: Execution, evidence: Evidence, verdict: Verdict) -> None:
     if evidence.envelope is not None:
         execution.envelope = evidence.envelope
         execution.envelope_sha256 = hashlib.sha256(evidence.envelope).hexdigest()
+        # Read once here, bounded and never raising, so reports need not parse envelopes.
+        execution.provenance = envelope_provenance(evidence.envelope)
     usage = evidence.usage
     if usage is not None:
         execution.cost_usd = usage.cost_usd
