@@ -310,6 +310,7 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
         }
     )
     with store.read() as session:
+        queries.tune(session)
         add_costs(session, sweep.id, report)
         # Re-runs after the agent started, and the pass rate with them counted as failures.
         add_second_chance(session, sweep.id, report)

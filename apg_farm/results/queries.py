@@ -336,3 +336,4 @@ def tune(session: Session) -> None:
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SET LOCAL work_mem = '64MB'"))
         session.execute(text("SET LOCAL cursor_tuple_fraction = 1.0"))
+        session.execute(text("SET LOCAL jit = off"))
