@@ -41,7 +41,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from apg_farm.contract.provenance import envelope_provenance  # noqa: E402
+from apg_farm.contract import envelope_provenance  # noqa: E402
 from apg_farm.store import Store, normalize_url  # noqa: E402
 
 #: Outcomes of the attempts that are not PASSED, by weight.

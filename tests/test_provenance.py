@@ -21,7 +21,12 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from apg_farm.contract.provenance import FIELDS, LIBRARY, MAX_VALUE, envelope_provenance
+from apg_farm.contract import (
+    MAX_PROVENANCE_VALUE,
+    PROVENANCE_FIELDS,
+    PROVENANCE_LIBRARY,
+    envelope_provenance,
+)
 from apg_farm.results import analyse, find_sweep, render_html
 from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Bed, Execution, Store, normalize_url
@@ -32,7 +37,7 @@ from tests.conftest import IN_CI, PG_URL
 from tests.simbeds import make_beds, spec
 
 GRADED = ("PASSED", "FAILED", "NO_ATTEMPT")
-FINGERPRINTS = FIELDS[:-1]
+FINGERPRINTS = PROVENANCE_FIELDS[:-1]
 
 # --- the oracle: provenance as reports tallied it before 0012, every envelope parsed ------------
 
@@ -321,7 +326,7 @@ def test_recorded_executions_carry_their_provenance(store: Store, tmp_path: Path
     assert len(graded) >= 6
     for raw, found in graded:
         assert found == envelope_provenance(raw)
-        assert set(found) == {*FIELDS, LIBRARY}, found
+        assert set(found) == {*PROVENANCE_FIELDS, PROVENANCE_LIBRARY}, found
     assert all(found is None for _, raw, found in rows if raw is None)
     report = analyse(store, find_sweep(store, "rec"))
     assert report["provenance"]["envelopes"] == len(graded)
@@ -331,7 +336,7 @@ def test_recorded_executions_carry_their_provenance(store: Store, tmp_path: Path
 def test_an_envelope_built_to_hurt_is_recorded_bounded(store: Store, tmp_path: Path) -> None:
     """A bed whose envelopes carry a 1 MiB hash, NUL and a lone surrogate, 2000 extra keys and
     100,000-character strings, and one nested 100,000 arrays deep: every execution is recorded,
-    the stored provenance keeps the known fields only, each at most MAX_VALUE characters, and the
+    the stored provenance keeps the known fields only, each at most MAX_PROVENANCE_VALUE characters, and the
     reports (JSON, HTML) come out."""
     make_beds(
         store,
@@ -358,8 +363,10 @@ def test_an_envelope_built_to_hurt_is_recorded_bounded(store: Store, tmp_path: P
             assert found == {}, found  # past the parser's stack: nothing read, nothing broken
             continue
         assert len(raw) > 1 << 20
-        assert set(found) <= {*FIELDS, LIBRARY}
-        assert all(isinstance(v, str) and len(v) <= MAX_VALUE for v in found.values()), found
+        assert set(found) <= {*PROVENANCE_FIELDS, PROVENANCE_LIBRARY}
+        assert all(isinstance(v, str) and len(v) <= MAX_PROVENANCE_VALUE for v in found.values()), (
+            found
+        )
         assert "(1048576 chars)" in found["grader_class_sha256"]
         assert "\x00" not in found["grader"] and "\ufffd" in found["grader"]
         assert found == envelope_provenance(bytes(raw))

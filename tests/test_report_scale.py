@@ -23,8 +23,7 @@ from sqlalchemy import Text, cast, select, update
 
 from apg_farm import __version__
 from apg_farm.cli.analysis import report_command
-from apg_farm.contract import COUNTED, Outcome
-from apg_farm.contract.provenance import envelope_provenance
+from apg_farm.contract import COUNTED, Outcome, envelope_provenance
 from apg_farm.results import analyse, find_sweep, sweep_report, watch_snapshot
 from apg_farm.results.analysis import (
     DEFAULT_K,

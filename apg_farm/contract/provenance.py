@@ -24,13 +24,13 @@ FINGERPRINTS = (
 )
 
 #: Every additional_details field kept: the fingerprints, and the task's own hash.
-FIELDS = (*FINGERPRINTS, "task_sha256")
+PROVENANCE_FIELDS = (*FINGERPRINTS, "task_sha256")
 
 #: The key of the eval library ("name version") in the stored provenance.
-LIBRARY = "eval_library"
+PROVENANCE_LIBRARY = "eval_library"
 
 #: Longest value kept, in characters; a sha256 is 64, a dataset path a few dozen.
-MAX_VALUE = 256
+MAX_PROVENANCE_VALUE = 256
 
 #: What a cut value keeps of its sha256, so two long values still tell apart.
 _CUT_HASH = 16
@@ -43,11 +43,11 @@ _UNWRITABLE = re.compile("[\x00\ud800-\udfff]")
 
 def bounded(value: str) -> str:
     """`value` writable anywhere (NUL and lone surrogates as U+FFFD), and when longer than
-    MAX_VALUE its start plus a hash of the whole, so two long values still tell apart."""
-    if len(value) > MAX_VALUE:
+    MAX_PROVENANCE_VALUE its start plus a hash of the whole, so two long values still tell apart."""
+    if len(value) > MAX_PROVENANCE_VALUE:
         digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_CUT_HASH]
         tail = f"… sha256:{digest} ({len(value)} chars)"
-        value = value[: MAX_VALUE - len(tail)] + tail
+        value = value[: MAX_PROVENANCE_VALUE - len(tail)] + tail
     return _UNWRITABLE.sub("\ufffd", value)
 
 
@@ -64,8 +64,8 @@ def _library(part: dict[str, Any]) -> str:
 
 
 def envelope_provenance(raw: bytes | None) -> dict[str, str]:
-    """The provenance strings of an envelope: FIELDS found as non-empty strings in the
-    additional_details of source_metadata then eval_library (the latter wins), and LIBRARY when
+    """The provenance strings of an envelope: PROVENANCE_FIELDS found as non-empty strings in the
+    additional_details of source_metadata then eval_library (the latter wins), and PROVENANCE_LIBRARY when
     eval_library is an object. {} for bytes that are not a JSON object. Never raises."""
     if raw is None:
         return {}
@@ -80,13 +80,13 @@ def envelope_provenance(raw: bytes | None) -> dict[str, str]:
         part = doc.get(section)
         extra = part.get("additional_details") if isinstance(part, dict) else None
         if isinstance(extra, dict):
-            for key in FIELDS:
+            for key in PROVENANCE_FIELDS:
                 value = extra.get(key)
                 if isinstance(value, str):
                     found[key] = value
     # An empty string says nothing (reports never tallied one).
     out = {key: bounded(value) for key, value in found.items() if value}
-    library = doc.get(LIBRARY)
+    library = doc.get(PROVENANCE_LIBRARY)
     if isinstance(library, dict):
-        out[LIBRARY] = _library(library)
+        out[PROVENANCE_LIBRARY] = _library(library)
     return out

@@ -18,9 +18,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from apg_farm import __version__
+from apg_farm.contract import FINGERPRINTS, PROVENANCE_LIBRARY, Outcome, envelope_provenance
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
-from apg_farm.contract import Outcome
-from apg_farm.contract.provenance import FINGERPRINTS, LIBRARY, envelope_provenance
 from apg_farm.results import queries
 from apg_farm.results.costs import add_costs
 from apg_farm.results.report import CELL_COUNTS, report_from_cells
@@ -152,7 +151,7 @@ def _envelope_details(raw: bytes) -> tuple[dict[str, str], str | None]:
     """Provenance strings of an envelope (both additional_details), and its eval library: what
     the farm stores when it records the envelope (contract/provenance.py)."""
     details = envelope_provenance(raw)
-    return details, details.pop(LIBRARY, None)
+    return details, details.pop(PROVENANCE_LIBRARY, None)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -172,7 +171,7 @@ class _Provenance:
     def add(self, task: str, bed: str, details: Mapping[str, str], count: int = 1) -> None:
         """`count` envelopes of `task` graded on `bed`, each with provenance `details`."""
         self.envelopes += count
-        library = details.get(LIBRARY)
+        library = details.get(PROVENANCE_LIBRARY)
         if library:
             self.libraries[library] += count
         for key in FINGERPRINTS:

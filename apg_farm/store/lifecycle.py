@@ -41,8 +41,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict
-from apg_farm.contract.provenance import envelope_provenance
+from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict, envelope_provenance
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import SweepSpec
 from apg_farm.store.claims import AGENT_STOPPED, Claim

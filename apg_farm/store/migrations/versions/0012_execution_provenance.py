@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from apg_farm.contract.provenance import envelope_provenance
+from apg_farm.contract import envelope_provenance
 
 revision = "0012"
 down_revision = "0011"
