@@ -12,6 +12,11 @@ child process and prints its wall time and peak RSS.
 not rebuilt). Times are the command's own (imports excluded): wall time, and the client process's
 CPU time, which a busy machine inflates less (PostgreSQL's own work is not in it).
 
+Each graded envelope's provenance is written with it, as the farm records it (lifecycle._fill).
+`--backfill` instead builds the stores as before migration 0012 (no executions.provenance), then
+times the upgrade that backfills it (and, on PostgreSQL, the VACUUM FULL that returns the space of
+the rewritten rows) before measuring.
+
 `build_sweep` is also what tests/test_report_scale.py builds its store with: it returns the counts
 the report must show, tallied while the rows were generated.
 """
@@ -392,6 +397,41 @@ def _measure(label: str, url: str, sweep: str, repeat: int) -> None:
         )
 
 
+def _store(url: str, old: bool) -> Store:
+    """The store to build in; `old`: at revision 0011, before executions.provenance."""
+    if not old:
+        return Store(url)
+    from alembic import command
+
+    from apg_farm.store.db import _alembic_config
+
+    engine = sa.create_engine(normalize_url(url))
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0011")
+    engine.dispose()
+    return Store(url, upgrade=False)
+
+
+def _backfill(label: str, url: str) -> None:
+    """Open the store as the farm does (migrating it to the head: 0012 backfills), timed."""
+    started, cpu = time.perf_counter(), time.process_time()
+    store = Store(url)
+    print(
+        f"{label:10} migrated to the head (0012 backfilled provenance) in "
+        f"{time.perf_counter() - started:.1f} s, {time.process_time() - cpu:.1f} s of its CPU",
+        flush=True,
+    )
+    if store.engine.dialect.name == "postgresql":
+        # The backfill rewrote every row: give the space back, as an operator would.
+        started = time.perf_counter()
+        with store.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "VACUUM (FULL, ANALYZE) executions"
+            )
+        print(f"{label:10} VACUUM (FULL) executions in {time.perf_counter() - started:.1f} s")
+    store.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--executions", type=int, default=1_000_000)
@@ -401,6 +441,11 @@ def main() -> None:
     parser.add_argument("--sqlite", type=Path, help="SQLite file (default: a temporary one)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per command; best is shown")
     parser.add_argument("--keep", action="store_true", help="keep the PostgreSQL schema")
+    parser.add_argument(
+        "--backfill",
+        action="store_true",
+        help="build the stores as before migration 0012, then time the upgrade's backfill",
+    )
     parser.add_argument("--schema", help="PostgreSQL schema: reused if it exists, else built")
     args = parser.parse_args()
     shape = dict(envelopes=args.envelopes, phases=args.phases)
@@ -409,13 +454,17 @@ def main() -> None:
     url = f"sqlite:///{path}"
     if not path.exists():
         started = time.perf_counter()
-        expected = build_sweep(Store(url), args.executions, **shape)
+        expected = build_sweep(
+            _store(url, args.backfill), args.executions, provenance=not args.backfill, **shape
+        )
         print(
             f"sqlite     built {expected.executions:,} executions ({expected.attempts:,} attempts) "
             f"in {time.perf_counter() - started:.0f} s: {path} "
             f"({path.stat().st_size / 2**20:,.0f} MB)",
             flush=True,
         )
+        if args.backfill:
+            _backfill("sqlite", url)
     try:
         _measure("sqlite", url, "bench", args.repeat)
     finally:
@@ -436,9 +485,11 @@ def main() -> None:
         pg_url = f"{args.database_url}{sep}options=-csearch_path%3D{schema}"
         try:
             if not exists:
-                store = Store(pg_url)
+                store = _store(pg_url, args.backfill)
                 started = time.perf_counter()
-                expected = build_sweep(store, args.executions, **shape)
+                expected = build_sweep(
+                    store, args.executions, provenance=not args.backfill, **shape
+                )
                 with store.engine.begin() as conn:
                     conn.exec_driver_sql("ANALYZE")
                 store.dispose()
@@ -447,6 +498,8 @@ def main() -> None:
                     f"{time.perf_counter() - started:.0f} s (schema {schema})",
                     flush=True,
                 )
+                if args.backfill:
+                    _backfill("postgresql", pg_url)
             _measure("postgresql", pg_url, "bench", args.repeat)
         finally:
             if not (args.keep or args.schema):
