@@ -1,9 +1,10 @@
 """The store's figures for a sweep, aggregated by the database: what the reports read.
 
 Queries return rows in proportion to the sweep's design (tasks, models, beds, phase names), not to
-its attempts; the pairing returns one row per 60 trials, streamed a task at a time, and what SQL
-cannot aggregate (an envelope's JSON) is streamed a batch at a time. So a sweep of a million
-attempts costs the report no more memory than one of ten.
+its attempts; the pairing returns one row per 60 trials, streamed a task at a time, and the
+envelopes' provenance is grouped from what the farm stored when it recorded them (only envelopes
+stored without it are read, streamed a batch at a time). So a sweep of a million attempts costs the
+report no more memory than one of ten.
 """
 
 from __future__ import annotations
@@ -331,7 +332,9 @@ def tune(session: Session) -> None:
 
     At the default 4 MB of work_mem a million-execution join spills to disk in batches; 64 MB per
     sort or hash keeps it in memory, bounded. A streamed query runs as a cursor, which PostgreSQL
-    plans for its first tenth of rows unless told the whole result is read.
+    plans for its first tenth of rows unless told the whole result is read. JIT compiling cost
+    about 0.2 s per big query and saved less (docs/benchmarks.md: the attempt tally 2.6 -> 0.9 s
+    at 1,000,000 executions), so it is off.
     """
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SET LOCAL work_mem = '64MB'"))
