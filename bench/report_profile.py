@@ -26,6 +26,7 @@ from apg_farm.results.analysis import (
     report_from_cells,
 )
 from apg_farm.results.costs import add_costs
+from apg_farm.results.report import untrusted_beds
 from apg_farm.results.second_chance import add_second_chance
 from apg_farm.store import Bed, Store
 
@@ -45,12 +46,12 @@ def main() -> None:
         queries.tune(session)
         tally = queries.attempt_tally(session, sweep.id, pairs=True)
         lap("attempt tally")
-        summary = queries.phase_summary(session, sweep.id)
-        lap("phase summary")
-        _phases(session, sweep.id, summary)
-        lap("phase quantiles")
+        untrusted = untrusted_beds(session, sweep.id)
+        lap("untrusted beds")
+        _phases(session, sweep.id)
+        lap("phases")
         names = {bed_id: name for bed_id, name in session.execute(select(Bed.id, Bed.name))}
-        report = report_from_cells(sweep, tally.cells, [])
+        report = report_from_cells(sweep, tally.cells, untrusted)
         provenance = _Provenance()
         _read_provenance(session, sweep.id, names, provenance)
         lap("provenance")

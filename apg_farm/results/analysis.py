@@ -22,7 +22,7 @@ from apg_farm.contract import FINGERPRINTS, PROVENANCE_LIBRARY, Outcome, envelop
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
 from apg_farm.results import queries
 from apg_farm.results.costs import add_costs
-from apg_farm.results.report import CELL_COUNTS, report_from_cells
+from apg_farm.results.report import CELL_COUNTS, report_from_cells, untrusted_beds
 from apg_farm.results.second_chance import add_second_chance
 from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
 from apg_farm.store import Bed, BedEvent, Store, Sweep
@@ -124,18 +124,15 @@ def _comparisons(tally: queries.Tally, models: list[str]) -> list[dict[str, Any]
     return rows
 
 
-def _phases(
-    session: Session, sweep_id: int, summary: queries.PhaseSummary
-) -> dict[str, dict[str, Any]]:
+def _phases(session: Session, sweep_id: int) -> dict[str, dict[str, Any]]:
     """Per phase, in the order executions run them: count, median, p95 and max of its durations."""
-    found = summary.phases
-    cuts = queries.group_quantiles(session, queries.phase_durations(sweep_id), (0.5, 0.95))
+    found = queries.phase_stats(session, sweep_id)
     names = [p for p in PHASE_ORDER if p in found] + sorted(set(found) - set(PHASE_ORDER))
     return {
         name: {
             "count": found[name][0],
-            "median": cuts[name][0],
-            "p95": cuts[name][1],
+            "median": found[name][2],
+            "p95": found[name][3],
             "max": found[name][1],
         }
         for name in names
@@ -266,12 +263,11 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
     with store.read() as session:
         queries.tune(session)
         tally = queries.attempt_tally(session, sweep.id, pairs=True)
-        summary = queries.phase_summary(session, sweep.id)
-        phases = _phases(session, sweep.id, summary)
+        phases = _phases(session, sweep.id)
         # Every bed row (a pool's worth): a bed that ran none of this sweep is skipped below.
         names = {bed_id: name for bed_id, name in session.execute(select(Bed.id, Bed.name))}
-        untrusted = sorted(names[b] for b in summary.untrusted if b in names)
-        report = report_from_cells(sweep, tally.cells, untrusted)
+        # Its own query: the few untrusted verify phases, found before any join.
+        report = report_from_cells(sweep, tally.cells, untrusted_beds(session, sweep.id))
         _read_provenance(session, sweep.id, names, provenance)
         beds = _beds(session, sweep, names, provenance.bed_prints)
     cells = report["cells"]

@@ -201,34 +201,26 @@ def execution_results(session: Session, sweep_id: int) -> list[tuple[int, str | 
     return [(bed, result, int(count)) for bed, result, count in session.execute(stmt)]
 
 
-@dataclass
-class PhaseSummary:
-    """The sweep's phases in one pass: per name how many and the longest, and untrusted beds."""
+def phase_stats(session: Session, sweep_id: int) -> dict[str, tuple[int, float, float, float]]:
+    """Per phase name: (how many the sweep's executions ran, the longest, median, p95 duration).
 
-    #: phase name -> (how many the sweep's executions ran, the longest duration)
-    phases: dict[str, tuple[int, float]]
-    #: ids of the beds that verified with the agent-writable `ddev ai-eval-verify`
-    untrusted: set[int]
-
-
-def phase_summary(session: Session, sweep_id: int) -> PhaseSummary:
-    """Count, longest duration and untrusted verification per phase name, in one pass."""
-    untrusted = case((UNTRUSTED_VERIFY, 1), else_=0)
-    stmt = (
-        select(Phase.name, Execution.bed_id, untrusted, func.count(), func.max(Phase.duration))
-        .join(Execution, Execution.id == Phase.execution_id)
-        .join(Attempt, Attempt.id == Execution.attempt_id)
-        .where(Attempt.sweep_id == sweep_id)
-        .group_by(Phase.name, Execution.bed_id, untrusted)
+    PostgreSQL computes them in one pass over the phases (percentile_cont beside count and max);
+    SQLite counts in one and takes the order statistics in another (`group_quantiles`)."""
+    durations = phase_durations(sweep_id).subquery()
+    counts = select(durations.c.key, func.count(), func.max(durations.c.value)).group_by(
+        durations.c.key
     )
-    phases: dict[str, tuple[int, float]] = {}
-    beds: set[int] = set()
-    for name, bed_id, flagged, count, longest in session.execute(stmt):
-        seen, top = phases.get(name, (0, float("-inf")))
-        phases[name] = (seen + int(count), max(top, float(longest)))
-        if flagged:
-            beds.add(bed_id)
-    return PhaseSummary(phases, beds)
+    if session.get_bind().dialect.name == "postgresql":
+        cuts = [func.percentile_cont(q).within_group(durations.c.value) for q in (0.5, 0.95)]
+        return {
+            name: (int(n), float(top), float(median), float(p95))
+            for name, n, top, median, p95 in session.execute(counts.add_columns(*cuts))
+        }
+    cuts_of = group_quantiles(session, phase_durations(sweep_id), (0.5, 0.95))
+    return {
+        name: (int(n), float(top), cuts_of[name][0], cuts_of[name][1])
+        for name, n, top in session.execute(counts)
+    }
 
 
 def phase_durations(sweep_id: int) -> Select[Any]:
