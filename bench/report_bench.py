@@ -401,13 +401,17 @@ def _store(url: str, old: bool) -> Store:
     """The store to build in; `old`: at revision 0011, before executions.provenance."""
     if not old:
         return Store(url)
+    from importlib import resources
+
     from alembic import command
+    from alembic.config import Config
 
-    from apg_farm.store.db import _alembic_config
-
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("apg_farm.store") / "migrations"))
     engine = sa.create_engine(normalize_url(url))
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0011")
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0011")
     engine.dispose()
     return Store(url, upgrade=False)
 
