@@ -12,6 +12,11 @@ child process and prints its wall time and peak RSS.
 not rebuilt). Times are the command's own (imports excluded): wall time, and the client process's
 CPU time, which a busy machine inflates less (PostgreSQL's own work is not in it).
 
+Each graded envelope's provenance is written with it, as the farm records it (lifecycle._fill).
+`--backfill` instead builds the stores as before migration 0012 (no executions.provenance), then
+times the upgrade that backfills it (and, on PostgreSQL, the VACUUM FULL that returns the space of
+the rewritten rows) before measuring.
+
 `build_sweep` is also what tests/test_report_scale.py builds its store with: it returns the counts
 the report must show, tallied while the rows were generated.
 """
@@ -41,6 +46,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from apg_farm.contract import envelope_provenance  # noqa: E402
 from apg_farm.store import Store, normalize_url  # noqa: E402
 
 #: Outcomes of the attempts that are not PASSED, by weight.
@@ -128,6 +134,7 @@ def _rows(
     envelopes: bool,
     phases: int,
     seed: int,
+    extract: bool = True,
 ) -> Iterator[tuple[str, tuple[Any, ...]]]:
     """(table, row) for every attempt, execution and phase of the sweep, tallying `expected`."""
     rng = random.Random(seed)
@@ -161,29 +168,30 @@ def _rows(
                 for number, (result, bed) in enumerate(tries, start=1):
                     execution_id += 1
                     bed_name = f"bed{bed:02d}"
-                    envelope = None
+                    envelope = provenance = None
                     if envelopes and result in GRADED:
                         envelope = _envelope(
                             task, model, bed_name, execution_id, result == "PASSED"
                         )
+                        if extract:  # as the farm records it (lifecycle._fill)
+                            provenance = json.dumps(envelope_provenance(envelope), sort_keys=True)
                         expected.envelopes += 1
                     expected.executions += 1
                     expected.bed_executions[bed_name] += 1
                     seconds = 30.0 + (execution_id * 7919) % 600 / 10
-                    yield (
-                        "executions",
-                        (
-                            execution_id,
-                            attempt_id,
-                            bed + 1,
-                            number,
-                            at - timedelta(seconds=seconds),
-                            at,
-                            result,
-                            seconds,
-                            envelope,
-                        ),
+                    execution = (
+                        execution_id,
+                        attempt_id,
+                        bed + 1,
+                        number,
+                        at - timedelta(seconds=seconds),
+                        at,
+                        result,
+                        seconds,
+                        envelope,
                     )
+                    # A store from before migration 0012 has no provenance column.
+                    yield ("executions", (*execution, provenance) if extract else execution)
                     for name in PHASES[:phases]:
                         argv = ESCROW_ARGV
                         if name == "verify_after" and bed == 0:
@@ -204,7 +212,7 @@ def _rows(
 COLUMNS = {
     "attempts": "id, sweep_id, task, model, trial, seq, state, outcome, created_at",
     "executions": "id, attempt_id, bed_id, number, started_at, finished_at, result, "
-    "bed_seconds, envelope",
+    "bed_seconds, envelope, provenance",
     "phases": "execution_id, name, argv, started_at, finished_at, duration",
 }
 #: Constant columns every row of a table gets (NOT NULL in the schema, no server default).
@@ -236,8 +244,13 @@ def _sqlite_value(value: Any) -> Any:
     return value
 
 
+def _names(table: str, rows: list[tuple[Any, ...]]) -> list[str]:
+    # The leading columns the rows carry (executions without provenance: an old store).
+    return [*COLUMNS[table].split(", ")[: len(rows[0])], *CONSTANTS[table]]
+
+
 def _insert_sqlite(conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
-    names = [*COLUMNS[table].split(", "), *CONSTANTS[table]]
+    names = _names(table, rows)
     marks = ", ".join("?" for _ in names)
     conn.exec_driver_sql(
         f"INSERT INTO {table} ({', '.join(names)}) VALUES ({marks})",
@@ -246,7 +259,7 @@ def _insert_sqlite(conn: sa.Connection, table: str, rows: list[tuple[Any, ...]])
 
 
 def _insert_postgres(conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
-    names = [*COLUMNS[table].split(", "), *CONSTANTS[table]]
+    names = _names(table, rows)
     raw = conn.connection.driver_connection
     assert raw is not None
     with (
@@ -274,8 +287,10 @@ def build_sweep(
     phases: int = 0,
     seed: int = 7,
     name: str = "bench",
+    provenance: bool = True,
 ) -> Expected:
-    """A finished sweep of about `executions` executions, written with bulk inserts."""
+    """A finished sweep of about `executions` executions, written with bulk inserts; with
+    `provenance` False, as a store from before migration 0012 (no executions.provenance)."""
     trials = max(1, round(executions / (tasks * models * 1.02)))
     spec = {
         "tasks": [f"task{t:03d}" for t in range(tasks)],
@@ -319,6 +334,7 @@ def build_sweep(
             envelopes=envelopes,
             phases=phases,
             seed=seed,
+            extract=provenance,
         )
         for table, row in generated:
             batch = batches[table]
@@ -381,6 +397,45 @@ def _measure(label: str, url: str, sweep: str, repeat: int) -> None:
         )
 
 
+def _store(url: str, old: bool) -> Store:
+    """The store to build in; `old`: at revision 0011, before executions.provenance."""
+    if not old:
+        return Store(url)
+    from importlib import resources
+
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("apg_farm.store") / "migrations"))
+    engine = sa.create_engine(normalize_url(url))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0011")
+    engine.dispose()
+    return Store(url, upgrade=False)
+
+
+def _backfill(label: str, url: str) -> None:
+    """Open the store as the farm does (migrating it to the head: 0012 backfills), timed."""
+    started, cpu = time.perf_counter(), time.process_time()
+    store = Store(url)
+    print(
+        f"{label:10} migrated to the head (0012 backfilled provenance) in "
+        f"{time.perf_counter() - started:.1f} s, {time.process_time() - cpu:.1f} s of its CPU",
+        flush=True,
+    )
+    if store.engine.dialect.name == "postgresql":
+        # The backfill rewrote every row: give the space back, as an operator would.
+        started = time.perf_counter()
+        with store.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "VACUUM (FULL, ANALYZE) executions"
+            )
+        print(f"{label:10} VACUUM (FULL) executions in {time.perf_counter() - started:.1f} s")
+    store.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--executions", type=int, default=1_000_000)
@@ -390,6 +445,11 @@ def main() -> None:
     parser.add_argument("--sqlite", type=Path, help="SQLite file (default: a temporary one)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per command; best is shown")
     parser.add_argument("--keep", action="store_true", help="keep the PostgreSQL schema")
+    parser.add_argument(
+        "--backfill",
+        action="store_true",
+        help="build the stores as before migration 0012, then time the upgrade's backfill",
+    )
     parser.add_argument("--schema", help="PostgreSQL schema: reused if it exists, else built")
     args = parser.parse_args()
     shape = dict(envelopes=args.envelopes, phases=args.phases)
@@ -398,13 +458,17 @@ def main() -> None:
     url = f"sqlite:///{path}"
     if not path.exists():
         started = time.perf_counter()
-        expected = build_sweep(Store(url), args.executions, **shape)
+        expected = build_sweep(
+            _store(url, args.backfill), args.executions, provenance=not args.backfill, **shape
+        )
         print(
             f"sqlite     built {expected.executions:,} executions ({expected.attempts:,} attempts) "
             f"in {time.perf_counter() - started:.0f} s: {path} "
             f"({path.stat().st_size / 2**20:,.0f} MB)",
             flush=True,
         )
+        if args.backfill:
+            _backfill("sqlite", url)
     try:
         _measure("sqlite", url, "bench", args.repeat)
     finally:
@@ -425,9 +489,11 @@ def main() -> None:
         pg_url = f"{args.database_url}{sep}options=-csearch_path%3D{schema}"
         try:
             if not exists:
-                store = Store(pg_url)
+                store = _store(pg_url, args.backfill)
                 started = time.perf_counter()
-                expected = build_sweep(store, args.executions, **shape)
+                expected = build_sweep(
+                    store, args.executions, provenance=not args.backfill, **shape
+                )
                 with store.engine.begin() as conn:
                     conn.exec_driver_sql("ANALYZE")
                 store.dispose()
@@ -436,6 +502,8 @@ def main() -> None:
                     f"{time.perf_counter() - started:.0f} s (schema {schema})",
                     flush=True,
                 )
+                if args.backfill:
+                    _backfill("postgresql", pg_url)
             _measure("postgresql", pg_url, "bench", args.repeat)
         finally:
             if not (args.keep or args.schema):

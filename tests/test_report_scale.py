@@ -23,7 +23,7 @@ from sqlalchemy import Text, cast, select, update
 
 from apg_farm import __version__
 from apg_farm.cli.analysis import report_command
-from apg_farm.contract import COUNTED, Outcome
+from apg_farm.contract import COUNTED, Outcome, envelope_provenance
 from apg_farm.results import analyse, find_sweep, sweep_report, watch_snapshot
 from apg_farm.results.analysis import (
     DEFAULT_K,
@@ -360,8 +360,11 @@ def _twist(store: Store, sweep_id: int) -> None:
             .order_by(Execution.id)
             .limit(3)
         ).all()
+        # Each envelope with the provenance the farm extracts when it records one.
         session.execute(
-            update(Execution).where(Execution.id == graded[0]).values(envelope=b"not json")
+            update(Execution)
+            .where(Execution.id == graded[0])
+            .values(envelope=b"not json", provenance=envelope_provenance(b"not json"))
         )
         other = json.dumps(
             {
@@ -373,7 +376,11 @@ def _twist(store: Store, sweep_id: int) -> None:
                 },
             }
         ).encode()
-        session.execute(update(Execution).where(Execution.id == graded[1]).values(envelope=other))
+        session.execute(
+            update(Execution)
+            .where(Execution.id == graded[1])
+            .values(envelope=other, provenance=envelope_provenance(other))
+        )
         session.execute(
             update(Bed)
             .where(Bed.name == "bed03")

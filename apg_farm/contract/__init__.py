@@ -3,9 +3,9 @@
 `argv` builds each `ddev ai-eval-*` argv (every argument checked); what a bed prints is read by
 `tokens` (`APG_*` lines, DDEV's failure line), `output` (one command's real exit code and
 diagnostics), `runs` (which run folder is the attempt's), `records` (run.json), `reports` (doctor
-and diff JSON, the escrow path), `site` (the diff as evidence), `usage` (the adapter's record) and
-`envelope` (the every_eval_ever grade); `outcomes` is the outcome policy; `bedenv` is the
-environment a bed command gets. Used as `contract.run(...)`.
+and diff JSON, the escrow path), `site` (the diff as evidence), `usage` (the adapter's record),
+`envelope` (the every_eval_ever grade) and `provenance` (the bounded strings reports tally from an
+envelope); `outcomes` is the outcome policy; `bedenv` is the environment a bed command gets. Used as `contract.run(...)`.
 Imports only transports.
 """
 
@@ -72,6 +72,13 @@ from apg_farm.contract.output import (
     PhaseOutput,
     read_output,
 )
+from apg_farm.contract.provenance import (
+    FINGERPRINTS,
+    MAX_PROVENANCE_VALUE,
+    PROVENANCE_FIELDS,
+    PROVENANCE_LIBRARY,
+    envelope_provenance,
+)
 from apg_farm.contract.records import (
     RunRecord,
     run_record,
@@ -102,9 +109,13 @@ __all__ = [
     "COUNTED",
     "DDEV_FOLDER_MISSING",
     "ESCROW_SET_MISSING",
+    "FINGERPRINTS",
     "FORCED",
     "GRADED",
     "MAX_ENVELOPE_BYTES",
+    "MAX_PROVENANCE_VALUE",
+    "PROVENANCE_FIELDS",
+    "PROVENANCE_LIBRARY",
     "SAFE_ARG",
     "SCHEMA_VERSION",
     "TOKENS",
@@ -129,6 +140,7 @@ __all__ = [
     "diff",
     "discover_run_id",
     "doctor",
+    "envelope_provenance",
     "escrow",
     "grade",
     "is_credential_shaped",

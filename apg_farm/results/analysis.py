@@ -2,16 +2,15 @@
 
 `analyse` extends `report.sweep_report` (same keys, more of them) and is what every report format,
 baseline and export is built from. It reads the store only, through `queries`, which aggregate in
-the database; the arithmetic is in `stats`. Only the envelopes' provenance is read row by row, and
-streamed.
+the database; the arithmetic is in `stats`. Provenance is counted from what the farm extracted from
+each envelope when it recorded it (executions.provenance), grouped by the database too.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -19,13 +18,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from apg_farm import __version__
+from apg_farm.contract import FINGERPRINTS, PROVENANCE_LIBRARY, Outcome, envelope_provenance
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
-from apg_farm.contract import Outcome
 from apg_farm.results import queries
 from apg_farm.results.clustered import Clustered, clustered_sums, two_sided_p
 from apg_farm.results.clustered import as_dict as clustered_dict
 from apg_farm.results.costs import add_costs
-from apg_farm.results.report import CELL_COUNTS, report_from_cells
+from apg_farm.results.report import CELL_COUNTS, report_from_cells, untrusted_beds
 from apg_farm.results.second_chance import add_second_chance
 from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
 from apg_farm.results.stop_report import add_stop
@@ -54,16 +53,6 @@ PHASE_ORDER = (
 
 #: Outcomes whose envelope was read and accepted: these are the graded attempts.
 GRADED: frozenset[str] = GRADED_OUTCOMES
-
-#: Envelope provenance fields summarised per sweep (the bed's code and data fingerprints).
-FINGERPRINTS = (
-    "grader_tree_sha256",
-    "grader_class_sha256",
-    "dataset_sha256",
-    "dataset_path",
-    "grader",
-    "hash_algorithm",
-)
 
 
 def _rate_cell(passed: int, n: int, k: int) -> dict[str, Any]:
@@ -153,48 +142,31 @@ def _comparisons(tally: queries.Tally, models: list[str]) -> list[dict[str, Any]
     return rows
 
 
-def _phases(
-    session: Session, sweep_id: int, summary: queries.PhaseSummary
-) -> dict[str, dict[str, Any]]:
+def _phases(session: Session, sweep_id: int) -> dict[str, dict[str, Any]]:
     """Per phase, in the order executions run them: count, median, p95 and max of its durations."""
-    found = summary.phases
-    cuts = queries.group_quantiles(session, queries.phase_durations(sweep_id), (0.5, 0.95))
+    found = queries.phase_stats(session, sweep_id)
     names = [p for p in PHASE_ORDER if p in found] + sorted(set(found) - set(PHASE_ORDER))
     return {
         name: {
             "count": found[name][0],
-            "median": cuts[name][0],
-            "p95": cuts[name][1],
+            "median": found[name][2],
+            "p95": found[name][3],
             "max": found[name][1],
         }
         for name in names
     }
 
 
-def _tally(counter: dict[str, Counter[str]], key: str, value: str | None) -> None:
+def _tally(counter: dict[str, Counter[str]], key: str, value: str | None, count: int) -> None:
     if value:
-        counter.setdefault(key, Counter())[value] += 1
+        counter.setdefault(key, Counter())[value] += count
 
 
 def _envelope_details(raw: bytes) -> tuple[dict[str, str], str | None]:
-    """Provenance strings of an envelope (both additional_details), and its eval library."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return {}, None
-    if not isinstance(doc, dict):
-        return {}, None
-    details: dict[str, str] = {}
-    for section in ("source_metadata", "eval_library"):
-        part = doc.get(section)
-        extra = part.get("additional_details") if isinstance(part, dict) else None
-        if isinstance(extra, dict):
-            details.update({k: v for k, v in extra.items() if isinstance(v, str)})
-    library = doc.get("eval_library")
-    name = None
-    if isinstance(library, dict):
-        name = f"{library.get('name', '?')} {library.get('version', '?')}"
-    return details, name
+    """Provenance strings of an envelope (both additional_details), and its eval library: what
+    the farm stores when it records the envelope (contract/provenance.py)."""
+    details = envelope_provenance(raw)
+    return details, details.pop(PROVENANCE_LIBRARY, None)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -202,7 +174,7 @@ def _iso(value: datetime | None) -> str | None:
 
 
 class _Provenance:
-    """Tallies of the graded envelopes' provenance, fed one envelope at a time."""
+    """Tallies of the graded envelopes' provenance, fed a group of equal ones at a time."""
 
     def __init__(self) -> None:
         self.fingerprints: dict[str, Counter[str]] = {}
@@ -211,15 +183,16 @@ class _Provenance:
         self.libraries: Counter[str] = Counter()
         self.envelopes = 0
 
-    def add(self, task: str, bed: str, raw: bytes) -> None:
-        details, library = _envelope_details(raw)
-        self.envelopes += 1
+    def add(self, task: str, bed: str, details: Mapping[str, str], count: int = 1) -> None:
+        """`count` envelopes of `task` graded on `bed`, each with provenance `details`."""
+        self.envelopes += count
+        library = details.get(PROVENANCE_LIBRARY)
         if library:
-            self.libraries[library] += 1
+            self.libraries[library] += count
         for key in FINGERPRINTS:
-            _tally(self.fingerprints, key, details.get(key))
-        _tally(self.task_hashes, task, details.get("task_sha256"))
-        _tally(self.bed_prints, bed, details.get("grader_tree_sha256"))
+            _tally(self.fingerprints, key, details.get(key), count)
+        _tally(self.task_hashes, task, details.get("task_sha256"), count)
+        _tally(self.bed_prints, bed, details.get("grader_tree_sha256"), count)
 
     def warnings(self) -> list[str]:
         found = []
@@ -233,6 +206,23 @@ class _Provenance:
             if len(hashes) > 1:
                 found.append(f"task {task} was graded against {len(hashes)} different task_sha256")
         return found
+
+
+def _read_provenance(
+    session: Session, sweep_id: int, names: dict[int, str], provenance: _Provenance
+) -> None:
+    """Tally the provenance the farm stored per execution, grouped by the database; envelopes
+    stored without it (written around the farm's record path) are parsed, streamed."""
+    unextracted = False
+    for task, bed_id, details, count in queries.provenance_groups(session, sweep_id, GRADED):
+        if details is None:
+            unextracted = True
+        elif bed_id in names:
+            provenance.add(task, names[bed_id], details if isinstance(details, dict) else {}, count)
+    if unextracted:
+        for task, bed_id, raw in queries.unextracted_envelopes(session, sweep_id, GRADED):
+            if bed_id in names:
+                provenance.add(task, names[bed_id], envelope_provenance(bytes(raw)))
 
 
 def _beds(
@@ -291,15 +281,12 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
     with store.read() as session:
         queries.tune(session)
         tally = queries.attempt_tally(session, sweep.id, pairs=True)
-        summary = queries.phase_summary(session, sweep.id)
-        phases = _phases(session, sweep.id, summary)
+        phases = _phases(session, sweep.id)
         # Every bed row (a pool's worth): a bed that ran none of this sweep is skipped below.
         names = {bed_id: name for bed_id, name in session.execute(select(Bed.id, Bed.name))}
-        untrusted = sorted(names[b] for b in summary.untrusted if b in names)
-        report = report_from_cells(sweep, tally.cells, untrusted)
-        for task, bed_id, raw in queries.graded_envelopes(session, sweep.id, GRADED):
-            if bed_id in names:
-                provenance.add(task, names[bed_id], bytes(raw))
+        # Its own query: the few untrusted verify phases, found before any join.
+        report = report_from_cells(sweep, tally.cells, untrusted_beds(session, sweep.id))
+        _read_provenance(session, sweep.id, names, provenance)
         beds = _beds(session, sweep, names, provenance.bed_prints)
     cells = report["cells"]
     for cell in cells:
@@ -336,6 +323,7 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
         }
     )
     with store.read() as session:
+        queries.tune(session)
         add_costs(session, sweep.id, report)
         # Re-runs after the agent started, and the pass rate with them counted as failures.
         add_second_chance(session, sweep.id, report)

@@ -1,9 +1,10 @@
 """The store's figures for a sweep, aggregated by the database: what the reports read.
 
 Queries return rows in proportion to the sweep's design (tasks, models, beds, phase names), not to
-its attempts; the pairing returns one row per 60 trials, streamed a task at a time, and what SQL
-cannot aggregate (an envelope's JSON) is streamed a batch at a time. So a sweep of a million
-attempts costs the report no more memory than one of ten.
+its attempts; the pairing returns one row per 60 trials, streamed a task at a time, and the
+envelopes' provenance is grouped from what the farm stored when it recorded them (only envelopes
+stored without it are read, streamed a batch at a time). So a sweep of a million attempts costs the
+report no more memory than one of ten.
 """
 
 from __future__ import annotations
@@ -218,34 +219,26 @@ def execution_results(session: Session, sweep_id: int) -> list[tuple[int, str | 
     return [(bed, result, int(count)) for bed, result, count in session.execute(stmt)]
 
 
-@dataclass
-class PhaseSummary:
-    """The sweep's phases in one pass: per name how many and the longest, and untrusted beds."""
+def phase_stats(session: Session, sweep_id: int) -> dict[str, tuple[int, float, float, float]]:
+    """Per phase name: (how many the sweep's executions ran, the longest, median, p95 duration).
 
-    #: phase name -> (how many the sweep's executions ran, the longest duration)
-    phases: dict[str, tuple[int, float]]
-    #: ids of the beds that verified with the agent-writable `ddev ai-eval-verify`
-    untrusted: set[int]
-
-
-def phase_summary(session: Session, sweep_id: int) -> PhaseSummary:
-    """Count, longest duration and untrusted verification per phase name, in one pass."""
-    untrusted = case((UNTRUSTED_VERIFY, 1), else_=0)
-    stmt = (
-        select(Phase.name, Execution.bed_id, untrusted, func.count(), func.max(Phase.duration))
-        .join(Execution, Execution.id == Phase.execution_id)
-        .join(Attempt, Attempt.id == Execution.attempt_id)
-        .where(Attempt.sweep_id == sweep_id)
-        .group_by(Phase.name, Execution.bed_id, untrusted)
+    PostgreSQL computes them in one pass over the phases (percentile_cont beside count and max);
+    SQLite counts in one and takes the order statistics in another (`group_quantiles`)."""
+    durations = phase_durations(sweep_id).subquery()
+    counts = select(durations.c.key, func.count(), func.max(durations.c.value)).group_by(
+        durations.c.key
     )
-    phases: dict[str, tuple[int, float]] = {}
-    beds: set[int] = set()
-    for name, bed_id, flagged, count, longest in session.execute(stmt):
-        seen, top = phases.get(name, (0, float("-inf")))
-        phases[name] = (seen + int(count), max(top, float(longest)))
-        if flagged:
-            beds.add(bed_id)
-    return PhaseSummary(phases, beds)
+    if session.get_bind().dialect.name == "postgresql":
+        cuts = [func.percentile_cont(q).within_group(durations.c.value) for q in (0.5, 0.95)]
+        return {
+            name: (int(n), float(top), float(median), float(p95))
+            for name, n, top, median, p95 in session.execute(counts.add_columns(*cuts))
+        }
+    cuts_of = group_quantiles(session, phase_durations(sweep_id), (0.5, 0.95))
+    return {
+        name: (int(n), float(top), cuts_of[name][0], cuts_of[name][1])
+        for name, n, top in session.execute(counts)
+    }
 
 
 def phase_durations(sweep_id: int) -> Select[Any]:
@@ -320,10 +313,26 @@ def group_quantiles(
     return out
 
 
-def graded_envelopes(session: Session, sweep_id: int, graded: Iterable[str]) -> Iterator[Any]:
-    """(task, bed id, envelope bytes) of the sweep's graded executions, streamed in batches."""
+def provenance_groups(
+    session: Session, sweep_id: int, graded: Iterable[str]
+) -> list[tuple[str, int, dict[str, str] | None, int]]:
+    """(task, bed id, provenance, executions) over the sweep's graded executions with an
+    envelope: one row per distinct provenance of a (task, bed), however many executions.
+    Provenance None: envelopes whose provenance was never extracted (`unextracted_envelopes`)."""
+    stmt = sweep_executions(
+        sweep_id, Attempt.task, Execution.bed_id, Execution.provenance, func.count()
+    ).where(Execution.result.in_(sorted(graded)), Execution.envelope.is_not(None))
+    stmt = stmt.group_by(Attempt.task, Execution.bed_id, Execution.provenance)
+    return [(task, bed, found, int(n)) for task, bed, found, n in session.execute(stmt)]
+
+
+def unextracted_envelopes(session: Session, sweep_id: int, graded: Iterable[str]) -> Iterator[Any]:
+    """(task, bed id, envelope bytes) of the sweep's graded executions whose provenance was not
+    stored (written by something other than the farm's record path), streamed in batches."""
     stmt = sweep_executions(sweep_id, Attempt.task, Execution.bed_id, Execution.envelope).where(
-        Execution.result.in_(sorted(graded)), Execution.envelope.is_not(None)
+        Execution.result.in_(sorted(graded)),
+        Execution.envelope.is_not(None),
+        Execution.provenance.is_(None),
     )
     yield from session.execute(stmt, execution_options={"yield_per": STREAM_BATCH})
 
@@ -333,8 +342,11 @@ def tune(session: Session) -> None:
 
     At the default 4 MB of work_mem a million-execution join spills to disk in batches; 64 MB per
     sort or hash keeps it in memory, bounded. A streamed query runs as a cursor, which PostgreSQL
-    plans for its first tenth of rows unless told the whole result is read.
+    plans for its first tenth of rows unless told the whole result is read. JIT compiling cost
+    about 0.2 s per big query and saved less (docs/benchmarks.md: the attempt tally 2.6 -> 0.9 s
+    at 1,000,000 executions), so it is off.
     """
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SET LOCAL work_mem = '64MB'"))
         session.execute(text("SET LOCAL cursor_tuple_fraction = 1.0"))
+        session.execute(text("SET LOCAL jit = off"))

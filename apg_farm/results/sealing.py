@@ -139,6 +139,9 @@ NOT_SEALED: dict[str, dict[str, str]] = {
         "id": "a surrogate key; an execution is named by its attempt and number",
         "agent_started": "whether the run phase's command was issued: the sealed phases show "
         "it (a phase named run); reports read it for the second-chance bias, no verdict",
+        "provenance": "strings read from the envelope when it was recorded, for reports to "
+        "count; the envelope's bytes are sealed as an artifact of their own, and "
+        "contract/provenance.py derives the same strings from them again",
         **dict.fromkeys(
             (
                 "cost_usd",

@@ -44,7 +44,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict
+from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict, envelope_provenance
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import SweepSpec
 from apg_farm.store.canaries import (
@@ -233,6 +233,8 @@ def _fill(execution: Execution, evidence: Evidence, verdict: Verdict) -> None:
     if evidence.envelope is not None:
         execution.envelope = evidence.envelope
         execution.envelope_sha256 = hashlib.sha256(evidence.envelope).hexdigest()
+        # Read once here, bounded and never raising, so reports need not parse envelopes.
+        execution.provenance = envelope_provenance(evidence.envelope)
     usage = evidence.usage
     if usage is not None:
         execution.cost_usd = usage.cost_usd

@@ -333,6 +333,9 @@ class Execution(Base):
     max_score: Mapped[float | None] = mapped_column(Float)
     envelope: Mapped[bytes | None] = mapped_column(LargeBinary)
     envelope_sha256: Mapped[str | None] = mapped_column(String(64))
+    #: The envelope's provenance strings (contract/provenance.py), bounded, set with the envelope:
+    #: reports GROUP BY it instead of parsing every envelope. NULL when there is no envelope.
+    provenance: Mapped[dict[str, str] | None] = mapped_column(JSONText)
     bed_seconds: Mapped[float | None] = mapped_column(Float)
     #: What the run cost and used, from the adapter's record (claude.json; contract/usage.py).
     #: Written in the bed, so untrusted: figures only, never a verdict.
