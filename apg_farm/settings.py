@@ -44,6 +44,9 @@ class Settings(BaseSettings):
 
     reconcile_seconds: float = Field(default=15.0, gt=0)
     """How often `apg-farm scheduler` reconciles the store with the broker."""
+    window_per_bed: int = Field(default=2, ge=1, le=1000)
+    """Messages a pool's queue holds per active bed (the broker window): submit sends only these,
+    and the scheduler and each finished attempt top the queue up to it (docs/operations.md)."""
     provider_backoff: float = Field(default=PROVIDER_BACKOFF, gt=0)
     """Seconds a model is paused after its provider failed, doubling per trouble in a row."""
     provider_backoff_max: float = Field(default=PROVIDER_BACKOFF_MAX, gt=0)

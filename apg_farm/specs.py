@@ -108,6 +108,24 @@ def _at(field: str, message: str) -> ValidationError:
     )
 
 
+#: The largest weight a sweep may have: a thousand claims to one is priority enough.
+MAX_PRIORITY = 1000
+#: A sweep's weight: a whole number from 1 to MAX_PRIORITY (strict: 2.5, "3" and true refused).
+Priority = Annotated[int, Field(strict=True, ge=1, le=MAX_PRIORITY)]
+
+
+def check_priority(value: object) -> int:
+    """`value` as a sweep's weight, or BadInput naming `priority` and the fix."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PRIORITY:
+        raise BadInput(
+            f"priority {value!r} is not a whole number from 1 to {MAX_PRIORITY}",
+            field="priority",
+            fix=f"give a whole number from 1 (the default) to {MAX_PRIORITY}; "
+            "a sweep of weight 3 gets three claims for each one of a sweep of weight 1",
+        )
+    return value
+
+
 class SweepSpec(BaseModel):
     """A sweep: every task × model × trial, run on beds of one fixture set."""
 
@@ -140,6 +158,10 @@ class SweepSpec(BaseModel):
         default_factory=dict
     )
     """Per model: attempts of it running at once, farm-wide, across sweeps (a provider's rate)."""
+    priority: Priority = 1
+    """The sweep's weight on its pool: sweeps sharing a pool have their queued attempts claimed
+    in proportion to their weights (3 against 1: three of every four claims). A re-submit or
+    `apg-farm sweep set-priority NAME N` changes it; nothing running is preempted."""
     stop: StopSpec | None = None
     """The comparison the sweep exists for; when the farm decides it, the rest is cancelled."""
 
@@ -191,7 +213,7 @@ class SweepSpec(BaseModel):
 
 
 #: SweepSpec fields that pace a sweep without changing what it evaluates; a re-submit may change them.
-PACING = ("budget_usd", "max_concurrent")
+PACING = ("budget_usd", "max_concurrent", "priority")
 
 
 def pool_key(fixtures: list[str] | tuple[str, ...]) -> str:

@@ -843,7 +843,9 @@ def reconcile_pass(
     workdir: Path, databases: Databases, *, finished: int, queued: int, passes: int = 5
 ) -> dict[str, Any]:
     """reconcile() on a store holding `finished` done attempts and `queued` queued ones (one open
-    sweep), against a broker: the first pass sends every queued attempt, later passes find them."""
+    sweep), against a broker. Since the broker window (#22) a pass sends at most 2 messages per
+    active bed of the pool: this store enrols none, so every pass reads the store and sends
+    nothing (the cost measured is the pass's reads)."""
     from apg_farm.scheduler import reconcile
     from apg_farm.scheduler import submit as submit_sweep
     from apg_farm.settings import Settings

@@ -2,9 +2,9 @@
 
 `plan` expands a sweep into attempt keys and `submit` stores them (`estimate` says beforehand
 what they would cost and take, from earlier executions); `queues` names the broker's
-queues and tasks and `publish` sends attempts to them; `reconciler` (with `broker_view`) makes the
-broker match the store again; `control` reports status and which workers are
-alive (their heartbeats). Imports results, store and contract; never workers.
+queues and tasks and `publish` sends attempts to them; `shares` reads how a pool's sweeps divide its claims by weight; `window` keeps each pool's queue to a
+few messages, topped up in claim order; `reconciler` (with `broker_view`) makes the broker match
+the store again; `control` reports status and which workers are alive (their heartbeats). Imports results, store and contract; never workers.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from apg_farm.scheduler.queues import (
     task_id,
 )
 from apg_farm.scheduler.reconciler import Reconciliation, reconcile
+from apg_farm.scheduler.shares import SHARE_WINDOW, describe_share, pool_shares
 from apg_farm.scheduler.submission import Submission, submit
+from apg_farm.scheduler.window import WINDOW_PER_BED, Window, top_up, window_size
 
 __all__ = [
     "BED_MAINTENANCE",
@@ -43,6 +45,8 @@ __all__ = [
     "LIVE_WITHIN",
     "MAINTENANCE_EXPIRY",
     "RUN_ATTEMPT",
+    "SHARE_WINDOW",
+    "WINDOW_PER_BED",
     "PairEstimate",
     "PowerPlan",
     "Reconciliation",
@@ -51,11 +55,13 @@ __all__ = [
     "Submission",
     "SweepEstimate",
     "Total",
+    "Window",
     "WorkerSeen",
     "attempt_of",
     "attempt_time_limits",
     "bed_queue",
     "check_flags",
+    "describe_share",
     "estimate_sweep",
     "expand",
     "live_workers",
@@ -63,11 +69,14 @@ __all__ = [
     "parse_retry_outcomes",
     "plan_power",
     "pool_queue",
+    "pool_shares",
     "publish_attempts",
     "reconcile",
     "store_now",
     "submit",
     "sweep_status",
     "task_id",
+    "top_up",
+    "window_size",
     "worker_beats",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -60,10 +61,35 @@ def _message_id(raw: bytes) -> str | None:
     return ident if isinstance(ident, str) else None
 
 
+@dataclass(frozen=True)
+class BrokerView:
+    """What the broker holds for some queues: the attempts with a message waiting in each, and
+    those whose message a worker took within the grace."""
+
+    waiting: dict[str, set[int]]
+    taken: set[int]
+
+    @property
+    def live(self) -> set[int]:
+        """Every attempt with a message waiting or just taken."""
+        return self.taken.union(*self.waiting.values())
+
+
 def attempts_with_messages(
     broker_url: str, queues: Iterable[str], *, unacked_grace: float = 30.0
 ) -> set[int]:
-    """Attempt ids with a message waiting in one of the queues, or taken by a worker very recently.
+    """Attempt ids with a message waiting in one of the queues, or taken by a worker very recently."""
+    client = redis.Redis.from_url(broker_url)
+    try:
+        return read_broker(client, queues, unacked_grace=unacked_grace).live
+    finally:
+        client.close()
+
+
+def read_broker(
+    client: redis.Redis, queues: Iterable[str], *, unacked_grace: float = 30.0
+) -> BrokerView:
+    """The attempts with a message waiting in each queue, and those taken very recently.
 
     A message a worker took longer ago than `unacked_grace` while its attempt is still queued in
     the store belongs to a worker that died before claiming or during the attempt: Redis would give
@@ -72,32 +98,31 @@ def attempts_with_messages(
     The queues are read a page at a time, a page of every queue in one round trip; then the
     unacknowledged messages delivered within the grace, and only those.
     """
-    client = redis.Redis.from_url(broker_url)
-    found: set[int] = set()
-    try:
-        _read_queues(client, sorted(set(queues)), found)
-        # After the queues: a message a worker took while they were read is in unacked by now.
-        recent = time.time() - unacked_grace
-        tags: list[Any] = list(client.zrangebyscore(UNACKED_INDEX_KEY, f"({recent}", "+inf"))
-        for offset in range(0, len(tags), PAGE):
-            taken = client.hmget(UNACKED_KEY, tags[offset : offset + PAGE])
-            _collect([payload for payload in taken if payload is not None], found)
-    finally:
-        client.close()
-    return found
+    waiting: dict[str, set[int]] = {}
+    _read_queues(client, sorted(set(queues)), waiting)
+    taken: set[int] = set()
+    # After the queues: a message a worker took while they were read is in unacked by now.
+    recent = time.time() - unacked_grace
+    tags: list[Any] = list(client.zrangebyscore(UNACKED_INDEX_KEY, f"({recent}", "+inf"))
+    for offset in range(0, len(tags), PAGE):
+        payloads = client.hmget(UNACKED_KEY, tags[offset : offset + PAGE])
+        _collect([payload for payload in payloads if payload is not None], taken)
+    return BrokerView(waiting, taken)
 
 
-def _read_queues(client: redis.Redis, queues: list[str], found: set[int]) -> None:
+def _read_queues(client: redis.Redis, queues: list[str], waiting: dict[str, set[int]]) -> None:
     # kombu pushes on the left and workers pop on the right: paging from the left skips nothing
     # that stays queued, and a page shorter than PAGE is the queue's end.
+    for queue in queues:
+        waiting[queue] = set()
     pending, start = queues, 0
     while pending:
         pipe = client.pipeline(transaction=False)
         for queue in pending:
             pipe.lrange(queue, start, start + PAGE - 1)
         pages: list[list[bytes | str]] = pipe.execute()
-        for page in pages:
-            _collect(page, found)
+        for queue, page in zip(pending, pages, strict=True):
+            _collect(page, waiting[queue])
         pending = [q for q, page in zip(pending, pages, strict=True) if len(page) == PAGE]
         start += PAGE
 

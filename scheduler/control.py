@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 from apg_farm.contract import Outcome
 from apg_farm.errors import BadInput
 from apg_farm.scheduler.queues import LIVE_WITHIN
+from apg_farm.scheduler.shares import pool_shares
+from apg_farm.specs import SweepSpec
 from apg_farm.store import (  # cancel_sweep, retry_attempts: the lifecycle's
     Attempt,
     AttemptState,
@@ -122,6 +124,7 @@ def sweep_status(store: Store, sweep_id: int) -> dict[str, Any]:
         if outcome:
             outcomes[outcome] += count
     beats = worker_beats(store, pool=sweep.pool)
+    shares = pool_shares(store, sweep.pool)
     return {
         "id": sweep.id,
         "name": sweep.name,
@@ -131,6 +134,10 @@ def sweep_status(store: Store, sweep_id: int) -> dict[str, Any]:
         "outcomes": dict(sorted(outcomes.items())),
         "running": [f"{bed}: {task} {model} #{trial}" for bed, task, model, trial in running],
         **pace,
+        "priority": SweepSpec.model_validate(sweep.spec).priority,
+        # This sweep's share of its pool's claims, and every open sweep of the pool beside it.
+        "share": next((x for x in shares if x["id"] == sweep.id), None),
+        "pool_shares": shares,
         # Only the distributed mode has workers; embedded, this stays empty.
         "workers": {
             "pool": sweep.pool,

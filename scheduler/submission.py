@@ -22,6 +22,8 @@ from apg_farm.store import (
     SweepState,
     UTCDateTime,
     ensure_gates,
+    place_queued,
+    queue_head,
     stop_reason,
     utcnow,
 )
@@ -102,10 +104,18 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
         else:
             check_resubmit(sweep, spec)
             existing = _count(session, sweep.id)
-        base = session.scalar(select(func.max(Attempt.seq)).where(Attempt.sweep_id == sweep.id))
-        offset = 0 if base is None else base + 1
-        _insert(store, session, sweep.id, spec.pool, offset, iter_keys(spec))
+        head = queue_head(store, session, spec.pool)
+        if new_sweep:
+            # Placed from the pool's head by its weight: it shares the pool from now on, neither
+            # starving the sweeps already queued nor starved by them (lifecycle.place_queued).
+            offset, weight = head, spec.priority
+        else:
+            # After its own attempts, in plan order; re-placed by weight below.
+            last = session.scalar(select(func.max(Attempt.seq)).where(Attempt.sweep_id == sweep.id))
+            offset, weight = (0 if last is None else last + 1), 1
+        _insert(store, session, sweep.id, spec.pool, offset, weight, iter_keys(spec))
         created = _count(session, sweep.id) - existing
+        reweigh = SweepSpec.model_validate(sweep.spec).priority != spec.priority
         if created and not new_sweep:
             # Raised inside the transaction: the rows just inserted are rolled back.
             refuse_if_sealed(sweep)
@@ -113,6 +123,9 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
             sweep.spec_sha256 = SweepSpec.model_validate(sweep.spec).digest()
         if not new_sweep and sweep.sealed_at is None:
             _repace(sweep, spec)
+            if created or reweigh:
+                # New attempts close up behind the queued ones, all spaced by the weight.
+                place_queued(store, session, sweep.id, spec.priority, head)
         # Each capped model's gate row: the claim locks it to count the model's running attempts.
         ensure_gates(store, session, spec.max_concurrent)
         return Submission(sweep.id, sweep.name, created, existing, new_sweep)
@@ -133,9 +146,11 @@ def _insert(
     sweep_id: int,
     pool: str,
     offset: int,
+    weight: int,
     keys: Iterable[AttemptKey],
 ) -> None:
-    """Insert every key the sweep lacks, `CHUNK` at a time, at queue place offset + its seq."""
+    """Insert every key the sweep lacks, `CHUNK` at a time, at queue place offset + its seq
+    divided by the weight (`weight` attempts per place: lifecycle.place_queued)."""
     fixed = {
         "sweep_id": sweep_id,
         "pool": pool,
@@ -145,7 +160,7 @@ def _insert(
     it = iter(keys)
     while chunk := list(islice(it, CHUNK)):
         if store.is_sqlite:
-            rows = [[k.task, k.model, k.trial, offset + k.seq] for k in chunk]
+            rows = [[k.task, k.model, k.trial, offset + k.seq // weight] for k in chunk]
             session.execute(_SQLITE_INSERT, {**fixed, "keys": json.dumps(rows)})
             continue
         session.execute(
@@ -155,7 +170,7 @@ def _insert(
                 "tasks": [k.task for k in chunk],
                 "models": [k.model for k in chunk],
                 "trials": [k.trial for k in chunk],
-                "seqs": [offset + k.seq for k in chunk],
+                "seqs": [offset + k.seq // weight for k in chunk],
             },
         )
 

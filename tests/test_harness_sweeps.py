@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from apg_farm.errors import BadInput
 from apg_farm.scheduler import submit
-from apg_farm.specs import SweepSpec
+from apg_farm.specs import SweepSpec, pool_key
 from apg_farm.store import (
     Attempt,
     Claim,
@@ -111,7 +111,8 @@ def test_a_sample_cancelled_before_a_bed_took_it_ends_cancelled(store: Store) ->
 
 
 def test_the_reconciler_sends_no_message_for_a_harness_attempt(store: Store) -> None:
-    from apg_farm.scheduler.reconciler import _page
+    # What the broker window would send, in claim order (scheduler/window.py).
+    from apg_farm.scheduler.window import _candidates
 
     _open(store)
     submit(store, SweepSpec(name="farm", fixtures=FIXTURES, tasks=["t1"], models=["m"], trials=1))
@@ -123,5 +124,6 @@ def test_the_reconciler_sends_no_message_for_a_harness_attempt(store: Store) -> 
                 .where(Sweep.name == "farm")
             )
         )
-    paged = {attempt_id for _, attempt_id in _page(store, (-1, -1))}
-    assert paged == farm_ids
+    with store.read() as session:
+        sent = set(_candidates(store, session, pool_key(FIXTURES), 100, grace=False))
+    assert sent == farm_ids

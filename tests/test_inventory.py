@@ -207,5 +207,15 @@ def test_the_example_inventory_is_valid() -> None:
     """docs/examples/beds.yaml parses: every key it shows is one the farm accepts."""
     example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "beds.yaml"
     inventory = load_inventory(example)
-    assert [b.name for b in inventory.beds] == ["bed-1", "bed-2", "bed-3", "bed-local"]
+    assert [b.name for b in inventory.beds] == [
+        "bed-1",
+        "bed-2",
+        "bed-3",
+        "bed-local",
+        "bed-1-clone",
+    ]
+    clones = inventory.clones()
+    assert [c.name for c in clones] == [f"bed-1-clone-{i}" for i in range(1, 9)]
+    assert {c.source for c in clones} == {"bed-1"}
+    assert clones[0].approot == "/srv/beds/bed-1-clone-1"
     assert inventory.defaults.env == {"AI_PG_ESCROW_DIR": "/srv/apg-escrow"}

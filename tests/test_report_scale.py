@@ -399,6 +399,8 @@ def _without_costs(report: dict[str, Any]) -> dict[str, Any]:
             row.pop(key, None)
     # As the second-chance figures (second_chance.py, tests/test_second_chance.py).
     report.pop("second_chance", None)
+    # As the bed baselines (bed_baselines.py, tests/test_upgrade.py).
+    report.pop("bed_baselines", None)
     return report
 
 

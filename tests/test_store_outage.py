@@ -103,7 +103,11 @@ def test_a_worker_started_while_its_store_is_down_waits_for_it(
     workers = Workers(celery_env(store, redis, tmp_path / "home"), tmp_path)
     try:
         workers.start(bed.name)
-        time.sleep(4)
+        # Under load a worker takes seconds to import and print; wait for the line, not a time.
+        deadline = time.monotonic() + 60
+        while "waiting for it" not in workers.logs() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        time.sleep(1)
         proc = workers.procs[bed.name]
         assert proc.poll() is None, workers.logs()
         assert "cannot be reached; waiting for it" in workers.logs()

@@ -26,6 +26,9 @@ from apg_farm.transports import Transport
 from apg_farm.workers.canary import CanaryResult
 from apg_farm.workers.engine import AttemptEngine, AttemptReport
 
+#: Beds a run keeps a thread for: active ones, and those a rolling upgrade took out for a while.
+IN_SERVICE = (BedState.ACTIVE, BedState.UPGRADING)
+
 
 @dataclass
 class ExecutorResult:
@@ -75,7 +78,7 @@ class EmbeddedExecutor:
             return list(
                 session.scalars(
                     select(Bed.name)
-                    .where(Bed.pool == pool, Bed.state == BedState.ACTIVE)
+                    .where(Bed.pool == pool, Bed.state.in_(IN_SERVICE))
                     .order_by(Bed.name)
                 )
             )
@@ -121,8 +124,13 @@ class EmbeddedExecutor:
                     if self.on_report:
                         self.on_report(report)
                     continue
-                if not self._bed_active(bed_name) or self._remaining() == 0:
+                state = self._bed_state(bed_name)
+                if state not in IN_SERVICE or self._remaining() == 0:
                     return
+                if state == BedState.UPGRADING:
+                    # Out for a rolling upgrade: back when healthy (or quarantined: then gone).
+                    self._stop.wait(IDLE_POLL_SECONDS)
+                    continue
                 if self._budget_spent():
                     return
                 # Nothing this bed may take now: attempts are running elsewhere and may come back.
@@ -141,9 +149,9 @@ class EmbeddedExecutor:
                 self.result.paused = pauses
         return bool(pauses)
 
-    def _bed_active(self, bed_name: str) -> bool:
+    def _bed_state(self, bed_name: str) -> str | None:
         with self.store.read() as session:
-            return session.scalar(select(Bed.state).where(Bed.name == bed_name)) == BedState.ACTIVE
+            return session.scalar(select(Bed.state).where(Bed.name == bed_name))
 
     def _remaining(self) -> int:
         """Attempts that may still change: running ones, and queued ones while the sweep is open."""

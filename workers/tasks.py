@@ -29,6 +29,7 @@ from apg_farm.scheduler import (
     pool_queue,
     publish_attempts,
     store_now,
+    top_up,
 )
 from apg_farm.settings import load_settings
 from apg_farm.store import (
@@ -81,21 +82,25 @@ class WorkerRuntime:
         taken = self._take(attempt_id)
         if isinstance(taken, AttemptReport):
             report = taken
-            if report.outcome is None and not report.lost and not report.verdict.provider_trouble:
-                # An infrastructure failure requeued it in the store: it needs a new message.
-                # (After provider trouble it waits out a back-off: the reconciler sends it then.)
-                self._publish(app, attempt_id)
             self._stop_if_inactive(app, hostname)
+            # The message this attempt came with is spent: the pool's window takes the next in
+            # claim order (an attempt an infrastructure failure requeued comes first there; one
+            # after provider trouble waits out its back-off and is sent then).
+            self._top_up(app)
             return str(report.outcome or ("lost" if report.lost else "retry"))
         refusal = taken
         if refusal.why in (Why.BED_INACTIVE, Why.EXCLUDED):
             if refusal.why == Why.EXCLUDED:
                 time.sleep(HAND_BACK_DELAY)
+            # Handed back: the new message takes the spent one's place in the window.
             self._publish(app, attempt_id)
             self._stop_if_inactive(app, hostname)
-        # PAUSED and WAITING are dropped, not handed back: the reconciler sends the attempt again
-        # once it may run, instead of every idle worker passing it round while a budget or a
-        # back-off holds. NOT_QUEUED and SWEEP_CLOSED: a duplicate message, nothing to do.
+            return str(refusal)[:200]
+        # PAUSED and WAITING are dropped, not handed back: the attempt is sent again once it may
+        # run, instead of every idle worker passing it round while a budget or a back-off holds.
+        # NOT_QUEUED and SWEEP_CLOSED: a duplicate message, nothing to do. Either way the spent
+        # message's place in the window goes to the next attempt that may run.
+        self._top_up(app)
         return str(refusal)[:200]
 
     def _canary_if_due(self) -> None:
@@ -145,6 +150,29 @@ class WorkerRuntime:
             # The attempt is queued in the store (the send rolled back with its transaction):
             # the reconciler finds it without a message and sends one once the broker is back.
             log.warning("attempt %s not re-sent, broker unreachable: %s", attempt_id, error)
+
+    def _top_up(self, app: Celery) -> None:
+        """Fill the pool's queue up to its window again (scheduler/window.py)."""
+        settings = load_settings()
+        if not settings.broker_url:
+            return
+        try:
+            pool = get_bed(self.store, self.bed_name).pool
+            top_up(
+                self.store,
+                app,
+                settings.broker_url,
+                [pool],
+                per_bed=settings.window_per_bed,
+                unacked_grace=settings.lease_seconds,
+            )
+        except BROKER_ERRORS as error:
+            # The reconciler's next pass tops the window up instead.
+            log.warning("window not topped up, broker unreachable: %s", error)
+        except DBAPIError as error:
+            if not is_transient(error):
+                raise
+            log.warning("window not topped up, store unreachable: %s", error)
 
     def _stop_if_inactive(self, app: Celery, hostname: str | None) -> None:
         bed = get_bed(self.store, self.bed_name)

@@ -2,12 +2,16 @@
 
 `registry` adds, lists, releases and quarantines beds and keeps their events; `remote` enrols
 beds over SSH and `inventory` applies a whole pool from one file; `escrow` records and checks the
-escrow set; `maintenance` runs provision, escrow and doctor; `mounts` asks Docker what a bed's
-web container can see. Imports store, contract and transports.
+escrow set and `identity` the baseline it holds (set key, code versions); `maintenance` runs
+provision, escrow and doctor; `upgrade` rolls an upgrade across a pool; `mounts` asks Docker
+what a bed's web container can see; `clone` grows a pool by a checked copy
+of an escrowed bed. Imports store, contract and transports.
 """
 
 from __future__ import annotations
 
+from apg_farm.beds.clone import CloneRefused, CloneRequest, CloneResult, clone_bed, plan_clone
+from apg_farm.beds.clone import Step as CloneStep
 from apg_farm.beds.escrow import (
     EscrowRecord,
     apply_escrow_record,
@@ -30,19 +34,36 @@ from apg_farm.beds.registry import (
     validate_new_bed,
 )
 from apg_farm.beds.remote import NewRemoteBed, add_remote_bed, set_docker_host
+from apg_farm.beds.upgrade import STEPS as UPGRADE_STEPS
+from apg_farm.beds.upgrade import (
+    UpgradeOptions,
+    UpgradePlan,
+    UpgradeResult,
+    plan_upgrade,
+    run_upgrade,
+)
 from apg_farm.beds.web_environment import arrived as web_settings_arrived
 from apg_farm.beds.web_environment import printenv_argv, web_settings
 
 __all__ = [
+    "UPGRADE_STEPS",
+    "CloneRefused",
+    "CloneRequest",
+    "CloneResult",
+    "CloneStep",
     "EscrowRecord",
     "NewBed",
     "NewRemoteBed",
+    "UpgradeOptions",
+    "UpgradePlan",
+    "UpgradeResult",
     "add_bed",
     "add_remote_bed",
     "apply_escrow_record",
     "apply_inventory",
     "check_bed_mounts",
     "classify_container",
+    "clone_bed",
     "ddev_config_argv",
     "doctor_bed",
     "enrol_escrow",
@@ -52,6 +73,8 @@ __all__ = [
     "hash_changes_in",
     "list_beds",
     "load_inventory",
+    "plan_clone",
+    "plan_upgrade",
     "printenv_argv",
     "record_ddev_config",
     "record_escrow_set",
@@ -59,6 +82,7 @@ __all__ = [
     "run_doctor",
     "run_escrow",
     "run_provision",
+    "run_upgrade",
     "set_docker_host",
     "validate_new_bed",
     "web_settings",

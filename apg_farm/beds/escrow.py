@@ -15,11 +15,12 @@ from sqlalchemy import select
 from apg_farm import contract
 from apg_farm.beds.fingerprints import grader_hash, hash_ddev_config
 from apg_farm.beds.hashes import NOT_A_FILE, hash_now
+from apg_farm.beds.identity import BaselineIdentity, read_identity
 from apg_farm.beds.maintenance import run_escrow
 from apg_farm.beds.web_environment import install as install_web_environment
 from apg_farm.contract import ESCROW_SET_MISSING
 from apg_farm.errors import ContractViolation, NotFound
-from apg_farm.store import Bed, BedEvent, Store, utcnow
+from apg_farm.store import BASELINE, Bed, BedEvent, Store, utcnow
 from apg_farm.transports import Transport, transport_in_use
 
 #: The verifier's file name inside an escrow set (APG README, "Unattended runs").
@@ -52,6 +53,8 @@ class EscrowRecord:
     ddev_files: dict[str, str] = field(default_factory=dict)
     #: The grader tree sha256 the set holds, when it holds exactly one.
     grader_tree_sha256: str | None = None
+    #: The baseline the set holds: its set key and code versions (identity.py).
+    identity: BaselineIdentity | None = None
 
 
 def hash_escrow_set(bed: Bed, escrow_set: str, *, transport: Transport) -> dict[str, str]:
@@ -98,7 +101,11 @@ def record_escrow_set(
             raise NotFound(f"no bed named {bed.name!r}", fix="see `apg-farm bed list`")
         apply_escrow_record(row, record)
         detail = f"{record.path} ({len(record.files)} files, {len(record.ddev_files)} DDEV files)"
+        if record.identity is not None:
+            detail += f"; escrow sha256 {record.identity.escrow_sha256}"
         session.add(BedEvent(bed_id=row.id, kind="escrow", detail=detail))
+        if record.identity is not None:
+            session.add(BedEvent(bed_id=row.id, kind="baseline", detail=record.identity.label()))
     return record
 
 
@@ -117,6 +124,7 @@ def fingerprint_escrow_set(
             files,
             ddev_files=hash_ddev_config(bed, transport=used),
             grader_tree_sha256=grader_hash(path, files, transport=used),
+            identity=read_identity(path, files, transport=used),
         )
 
 
@@ -127,6 +135,11 @@ def apply_escrow_record(row: Bed, record: EscrowRecord) -> None:
     row.ddev_files = record.ddev_files
     row.grader_tree_sha256 = record.grader_tree_sha256
     row.escrow_recorded_at = utcnow()
+    # Each execution on the bed records this (claims.py): the baseline its attempt reset to.
+    meta = {k: v for k, v in (row.meta or {}).items() if k != BASELINE}
+    if record.identity is not None:
+        meta[BASELINE] = record.identity.as_meta()
+    row.meta = meta or None
 
 
 def enrol_escrow(

@@ -2,7 +2,9 @@
 
 Beds in the file are added or updated; beds in the store but not in the file leave the pool: at
 once when they hold nothing, else they are set DRAINING (they take nothing new) and become REMOVED
-when their attempt ends. A removed bed keeps its row for the history of its executions.
+when their attempt ends. A removed bed keeps its row for the history of its executions. An entry
+with `from: SOURCE` (and `count: N`) declares clones of a bed of the file: the missing ones are
+made with `bed clone` after the other changes (beds/clone.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pydantic import (
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from apg_farm.beds.clone import CloneRequest, clone_bed
 from apg_farm.beds.escrow import record_escrow_set
 from apg_farm.beds.registry import NewBed, validate_new_bed
 from apg_farm.beds.remote import NewRemoteBed, target_for, validate_remote_bed
@@ -110,17 +113,26 @@ class BedDefaults(BaseModel):
     """The beds have no web container (simulated beds in their host mode only)."""
 
 
-class BedSpec(BaseModel):
-    """One bed: a DDEV project with APG on a host."""
+#: What a clone takes from its source and may not set itself.
+_INHERITED_KEYS = ("host", "ddev", "fixtures", "escrow_set", "docker_host")
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class BedSpec(BaseModel):
+    """One bed: a DDEV project with APG on a host; or, with `from`, clones of another bed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     name: Annotated[str, AfterValidator(_name)]
-    """Unique in the farm."""
+    """Unique in the farm; with `count`, the clones are named `<name>-1` ... `<name>-<count>`."""
     host: str | None = None
     """A key of `hosts`; omitted for a bed on this machine."""
     approot: str
-    """The DDEV project folder on the bed's host."""
+    """The DDEV project folder on the bed's host; with `from` and `count`, the folder the
+    clones are made in (`<approot>/<name>-<i>`)."""
+    source: str | None = Field(default=None, alias="from")
+    """A bed of this file to clone (`apg-farm bed clone`): made on its host, in its pool."""
+    count: int | None = Field(default=None, ge=1, le=1000)
+    """With `from`: how many clones."""
     ddev: str | None = None
     """Overrides defaults.ddev."""
     fixtures: SafeList | None = None
@@ -131,6 +143,39 @@ class BedSpec(BaseModel):
     """An existing escrow set to record (its files are hashed); else use `apg-farm bed escrow`."""
     docker_host: str | None = None
     """Overrides the host's docker_host."""
+
+    @model_validator(mode="after")
+    def _clone_or_bed(self) -> BedSpec:
+        if self.source is None:
+            if self.count is not None:
+                raise ValueError("count needs from: the bed whose clones these are")
+            return self
+        given = [k for k in _INHERITED_KEYS if getattr(self, k) is not None] + (
+            ["env"] if self.env else []
+        )
+        if given:
+            raise ValueError(
+                f"a clone takes {', '.join(given)} from its source ({self.source}): remove them"
+            )
+        return self
+
+    def clone_names(self) -> list[tuple[str, str]]:
+        """(name, approot) of each clone this entry declares."""
+        if self.source is None:
+            return []
+        if self.count is None:
+            return [(self.name, self.approot)]
+        folder = self.approot.rstrip("/")
+        return [(f"{self.name}-{i}", f"{folder}/{self.name}-{i}") for i in range(1, self.count + 1)]
+
+
+@dataclass(frozen=True)
+class PlannedClone:
+    """A clone the inventory declares."""
+
+    name: str
+    source: str
+    approot: str
 
 
 class Inventory(BaseModel):
@@ -148,11 +193,28 @@ class Inventory(BaseModel):
     @field_validator("beds")
     @classmethod
     def _unique_names(cls, beds: list[BedSpec]) -> list[BedSpec]:
-        names = [b.name for b in beds]
+        names = [b.name for b in beds if b.source is None]
+        names += [n for b in beds for n, _ in b.clone_names()]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"bed names listed twice: {', '.join(twice)}")
+        plain = {b.name for b in beds if b.source is None}
+        for index, bed in enumerate(beds):
+            if bed.source is not None and bed.source not in plain:
+                raise ValueError(
+                    f"beds.{index}.from: {bed.source!r} is not a bed of this file (a clone's "
+                    "source is declared here, not itself a clone)"
+                )
         return beds
+
+    def clones(self) -> list[PlannedClone]:
+        """Every clone declared, in file order."""
+        return [
+            PlannedClone(name, bed.source, approot)
+            for bed in self.beds
+            if bed.source is not None
+            for name, approot in bed.clone_names()
+        ]
 
     @model_validator(mode="after")
     def _known_hosts(self) -> Inventory:
@@ -191,7 +253,7 @@ def load_inventory(path: Path) -> Inventory:
 class Change:
     """What apply does (or would do) to one bed."""
 
-    #: add, update, reactivate, drain, remove, keep
+    #: add, update, reactivate, drain, remove, keep, clone
     action: str
     bed: str
     detail: str = ""
@@ -207,6 +269,8 @@ class ApplyResult:
     changes: list[Change] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     dry_run: bool = False
+    #: Clones refused (the first stops the others): the rest of the file was applied.
+    failures: list[str] = field(default_factory=list)
 
     def count(self, action: str) -> int:
         return sum(1 for c in self.changes if c.action == action)
@@ -226,6 +290,8 @@ def _desired(inventory: Inventory, notes: list[str], *, dry_run: bool) -> dict[s
     problems: list[str] = []
     defaults = inventory.defaults
     for index, spec in enumerate(inventory.beds):
+        if spec.source is not None:
+            continue  # clones: made after the other changes (apply_inventory)
         ddev = spec.ddev or defaults.ddev
         fixtures = tuple(spec.fixtures or defaults.fixtures)
         env = tuple({**defaults.env, **spec.env}.items())
@@ -309,8 +375,10 @@ def apply_inventory(
                 _update(session, current, want.row, result, source=source, dry_run=dry_run)
             if want.escrow_set and (current is None or current.escrow_set != want.escrow_set):
                 escrows.append((name, want.escrow_set))
+        missing = _plan_clones(session, existing, inventory, result, source=source, dry_run=dry_run)
+        declared = set(desired) | {c.name for c in inventory.clones()}
         for name, current in existing.items():
-            if name in desired or current.state == BedState.REMOVED:
+            if name in declared or current.state == BedState.REMOVED:
                 continue
             _leave(session, current, result, source=source, dry_run=dry_run)
     if not dry_run:
@@ -327,7 +395,56 @@ def apply_inventory(
     for want in desired.values():
         if want.transport is not None:
             want.transport.close()
+    if not dry_run:
+        _make_clones(store, missing, result)
     return result
+
+
+def _plan_clones(
+    session: Session,
+    existing: dict[str, Bed],
+    inventory: Inventory,
+    result: ApplyResult,
+    *,
+    source: str,
+    dry_run: bool,
+) -> list[PlannedClone]:
+    """Declared clones: kept (or reactivated) when the store has them, else to be made."""
+    missing = []
+    for clone in inventory.clones():
+        current = existing.get(clone.name)
+        if current is None:
+            result.changes.append(
+                Change("clone", clone.name, f"from {clone.source} at {clone.approot}")
+            )
+            missing.append(clone)
+        elif current.state in (BedState.DRAINING, BedState.REMOVED):
+            result.changes.append(Change("reactivate", clone.name, f"was {current.state}"))
+            if not dry_run:
+                reactivate(session, current, kind="reactivated", detail=f"back in {source}")
+        else:
+            result.changes.append(Change("keep", clone.name, f"{current.state}, a clone"))
+    return missing
+
+
+def _make_clones(store: Store, missing: list[PlannedClone], result: ApplyResult) -> None:
+    """Make the missing clones one after another; the first refused stops the rest (a broken
+    source would fail them all the same)."""
+    for index, clone in enumerate(missing):
+        try:
+            made = clone_bed(
+                store, CloneRequest(source=clone.source, name=clone.name, approot=clone.approot)
+            )
+        except FarmError as error:
+            result.failures.append(f"clone {clone.name}: {error.render()}")
+            left = [c.name for c in missing[index + 1 :]]
+            if left:
+                result.failures.append(f"not attempted: {', '.join(left)}")
+            return
+        result.notes.append(
+            f"bed {clone.name}: cloned from {clone.source} ({made.bed.approot}, escrow set "
+            f"{made.escrow.path})"
+        )
 
 
 def _where(row: Bed) -> str:

@@ -29,6 +29,13 @@ class BedCommand:
         reason = self.output.transport_error or (
             "timed out" if self.output.timed_out else f"exit {self.output.exit_code}"
         )
+        if not tokens:  # no APG token: the last thing the command said is the best clue
+            said = [
+                line.strip()
+                for line in contract.strip_ansi(self.result.stderr.text()).splitlines()
+                if line.strip() and not line.startswith("Failed to run ")
+            ]
+            tokens = said[-1][:300] if said else ""
         return f"{what} failed ({reason})" + (f": {tokens}" if tokens else "")
 
 

@@ -125,7 +125,14 @@ def comparisons_table(report: dict[str, Any]) -> Table:
 
 def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None) -> None:
     """`apg-farm report`: the sweep's results in one of FORMATS."""
-    from apg_farm.results import analyse, find_sweep, render_html, report_csv, stop_lines
+    from apg_farm.results import (
+        analyse,
+        baseline_lines,
+        find_sweep,
+        render_html,
+        report_csv,
+        stop_lines,
+    )
 
     if fmt not in FORMATS:
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix=f"use {', '.join(FORMATS)}")
@@ -149,6 +156,8 @@ def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None)
             out.print(comparisons_table(report))
         for line in stop_lines(report):
             out.print(escape(line), soft_wrap=True)
+        for line in baseline_lines(report):
+            out.print(f"[yellow]baselines:[/] {escape(line)}", soft_wrap=True)
         for warning in report["provenance"]["warnings"]:
             err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
@@ -167,6 +176,7 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
         return
     if not watch:
         out.print(render_watch(watch_snapshot(store, sweep_id)))
+        _print_share(store, sweep_id)
         _warn_without_worker(store, sweep_id)
         return
     _warn_without_worker(store, sweep_id)
@@ -179,6 +189,23 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
             if snap["queued"] == 0 and not snap["running"]:
                 break
             time.sleep(interval)
+
+
+def _print_share(store: Store, sweep_id: int) -> None:
+    """The sweep's weight and its share of its pool's claims (an open sweep only)."""
+    from apg_farm.scheduler import describe_share, pool_shares
+    from apg_farm.store import Sweep
+
+    with store.read() as session:
+        pool = session.get_one(Sweep, sweep_id).pool
+    shares = pool_shares(store, pool)
+    mine = next((s for s in shares if s["id"] == sweep_id), None)
+    if mine is not None:
+        others = len(shares) - 1
+        beside = (
+            f" (beside {others} other open sweep{'s' if others != 1 else ''})" if others else ""
+        )
+        out.print(escape(describe_share(mine) + beside), soft_wrap=True)
 
 
 def _warn_without_worker(store: Store, sweep_id: int) -> None:
@@ -325,6 +352,12 @@ def _share(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
+ACROSS_HELP = (
+    "Pair cells whose executions ran on different bed baselines (code versions differ, e.g. "
+    "across a `pool upgrade`); refused without it."
+)
+
+
 def compare_cmd(
     a: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
     b: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
@@ -332,6 +365,7 @@ def compare_cmd(
     max_cost_increase: Annotated[
         str | None, typer.Option(help=COST_HELP, metavar="FRACTION")
     ] = None,
+    across_baselines: Annotated[bool, typer.Option("--across-baselines", help=ACROSS_HELP)] = False,
 ) -> None:
     """Compare two sweeps (or a sweep and a baseline): pass rates, B − A with 95 % intervals; with --max-cost-increase, exit 1 when a model's cost per execution rose by more."""
     from apg_farm.results import (
@@ -339,6 +373,7 @@ def compare_cmd(
         cost_findings,
         load_side,
         parse_cost_increase,
+        refuse_across_baselines,
         stop_lines,
     )
 
@@ -346,7 +381,11 @@ def compare_cmd(
         raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use table or json")
     allowed = parse_cost_increase(max_cost_increase)
     side_a, side_b = load_side(a, open_store), load_side(b, open_store)
+    crossing = refuse_across_baselines(
+        side_a.summary, side_b.summary, allowed=across_baselines, what="compare"
+    )
     result = compare(side_a.summary, side_b.summary)
+    result["across_baselines"] = crossing
     cost = cost_findings(result, allowed) if allowed is not None else None
     if fmt == "json":
         print_json(
@@ -373,6 +412,8 @@ def compare_cmd(
         out.print(escape(f"only in B: {key}"))
     for change in result["provenance_changes"]:
         err.print(f"[yellow]provenance changed:[/] {escape(change)}")
+    for line in crossing:
+        err.print(f"[yellow]across bed baselines:[/] {escape(line)}", soft_wrap=True)
     for problem in (*side_a.problems, *side_b.problems):
         err.print(f"[red]evidence does not verify:[/] {escape(problem)}", soft_wrap=True)
     out.print(compare_second_chance_table(result))
@@ -497,6 +538,7 @@ def check_cmd(
     max_rerun_share: Annotated[
         str | None, typer.Option(help=RERUN_HELP, metavar="FRACTION")
     ] = None,
+    across_baselines: Annotated[bool, typer.Option("--across-baselines", help=ACROSS_HELP)] = False,
 ) -> None:
     """Regression gate: exit 0 if the candidate holds up, 1 on a regression (pass rate, cost with --max-cost-increase, re-runs after the agent started with --max-rerun-share), a new indispensable failure or evidence that does not verify, 2 on bad input."""
     from apg_farm.results import (
@@ -506,6 +548,7 @@ def check_cmd(
         parse_cost_increase,
         parse_indispensable,
         parse_rerun_share,
+        refuse_across_baselines,
     )
 
     if fmt not in ("text", "json"):
@@ -521,6 +564,9 @@ def check_cmd(
     rerun_allowed = parse_rerun_share(max_rerun_share)
     gates = parse_indispensable(indispensable or [])
     base, cand = load_side(baseline, open_store), load_side(candidate, open_store)
+    crossing = refuse_across_baselines(
+        base.summary, cand.summary, allowed=across_baselines, what="check"
+    )
     policy = CheckPolicy(
         max_rate_drop=max_rate_drop,
         max_invalid=max_invalid,
@@ -540,6 +586,7 @@ def check_cmd(
                 "failures": verdict.failures,
                 "warnings": verdict.warnings,
                 "comparison": verdict.comparison,
+                "across_baselines": crossing,
             }
         )
     else:
@@ -548,6 +595,8 @@ def check_cmd(
             out.print(table)
         for warning in verdict.warnings:
             out.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+        for line in crossing:
+            out.print(f"[yellow]across bed baselines:[/] {escape(line)}", soft_wrap=True)
         for failure in verdict.failures:
             out.print(f"[red]FAIL:[/] {escape(failure)}", soft_wrap=True)
         out.print(

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from apg_farm.cli import analysis as analysis_cli
-from apg_farm.cli import budget, canary, distributed, remote
+from apg_farm.cli import budget, canary, distributed, grow, pool, remote
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
@@ -34,7 +34,9 @@ app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
 remote.register(app, bed_app)
 canary.register(bed_app)
+grow.register(bed_app)
 budget.register(app)
+pool.register(app)
 app.add_typer(db_app, name="db")
 
 
@@ -439,6 +441,33 @@ def sweep_cancel(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]
     store = open_store()
     cancelled = cancel_sweep(store, find_sweep(store, sweep).id)
     out.print(f"cancelled {cancelled} queued attempts; running ones stop at their next phase")
+
+
+@sweep_app.command("set-priority")
+def sweep_set_priority(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    weight: Annotated[
+        str, typer.Argument(metavar="N", help="The sweep's weight on its pool, 1 to 1000.")
+    ],
+) -> None:
+    """Change a sweep's weight: its queued attempts are claimed in proportion to it against the
+    other sweeps of its pool (3 against 1: three claims in four). Nothing running is preempted."""
+    from apg_farm.results import find_sweep
+    from apg_farm.specs import check_priority
+    from apg_farm.store import set_priority
+
+    text = weight.strip()
+    value: object = int(text) if text.lstrip("+-").isdigit() else text
+    checked = check_priority(value)
+    store = open_store()
+    done = set_priority(store, find_sweep(store, sweep).id, checked)
+    out.print(
+        f"sweep {done.sweep}: priority {done.old} -> {done.new}; "
+        f"{done.placed} queued attempts re-placed"
+    )
+    if distributed.broker_configured():
+        # The window holds the next few attempts in the old order: the rest follow the new one.
+        out.print(distributed.dispatch(store))
 
 
 @app.command("run")

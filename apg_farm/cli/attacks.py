@@ -33,9 +33,10 @@ TASK = "dv01_view_build"
 #: Sleeps of the simulated bed divided by this: an agent's 5-minute run takes 0.15 s.
 TIME_SCALE = 2000
 #: Seconds a run claiming its adapter never started may take and still be believed, for these
-#: beds: a start failure takes milliseconds here, an agent's work 60 ms and more (1.2 s on the
-#: slower bed of `game_start_token_revert`); under load, starting a bed command can take 0.5 s.
-START_WINDOW = 1.0
+#: beds. Measured idle on a container bed: a start failure 0.1-0.2 s, the reverting agent of
+#: `game_start_token_revert` 5.3-6.8 s; under CI's load a start failure took over 1 s, so 3 s
+#: keeps both sides of the line apart with room to spare.
+START_WINDOW = 3.0
 #: A pool no real bed has (a simulator-only fixture): attack attempts never reach a real bed.
 FIXTURES = ("kb_docs", "canvas_home", "farm_attacks")
 
@@ -211,8 +212,8 @@ CATALOGUE: tuple[Attack, ...] = (
         "window): the agent may have acted, so graded, never retried",
         Outcome.NO_ATTEMPT,
         results=("NO_ATTEMPT",),
-        faults={"game": {"how": "start_token_revert"}},
-        config={"time_scale": 100},
+        # Its work outlasts START_WINDOW on any bed, whatever the bed's time scale.
+        faults={"game": {"how": "start_token_revert", "work_s": 4}},
     ),
     Attack(
         "game_not_started_flood",

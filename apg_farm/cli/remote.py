@@ -110,10 +110,14 @@ def beds_apply_cmd(
         out.print(change.describe())
     counts = ", ".join(
         f"{result.count(a)} {a}"
-        for a in ("add", "update", "reactivate", "drain", "remove", "keep")
+        for a in ("add", "update", "reactivate", "drain", "remove", "keep", "clone")
         if result.count(a)
     )
     out.print(("would apply: " if dry_run else "applied: ") + (counts or "nothing"))
+    for failure in result.failures:
+        err.print(f"[red]error:[/] {failure}", soft_wrap=True)
+    if result.failures:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer, bed_app: typer.Typer) -> None:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from apg_farm.errors import NotFound
 from apg_farm.results import watch_snapshot
+from apg_farm.scheduler import pool_shares
 from apg_farm.store import (
     CANARY,
     Attempt,
@@ -30,6 +31,7 @@ from apg_farm.store import (
     Phase,
     Store,
     Sweep,
+    SweepState,
     summary_of,
 )
 
@@ -109,6 +111,14 @@ def sweeps_overview(
         sweeps = sweeps[:limit]
         counts = _counts(session, [s.id for s in sweeps])
         rows = [_sweep_row(s, *counts[s.id]) for s in sweeps]
+    # Each open sweep's weight and its share of its pool's recent claims (a few pools a page).
+    shares = {
+        share["id"]: share
+        for pool in sorted({r["pool"] for r in rows if r["state"] == SweepState.OPEN})
+        for share in pool_shares(store, pool)
+    }
+    for row in rows:
+        row["share"] = shares.get(row["id"])
     return {"sweeps": rows, "next_before": rows[-1]["id"] if more else None}
 
 

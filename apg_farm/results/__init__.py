@@ -17,6 +17,11 @@ from apg_farm.results.baseline import (
     parse_indispensable,
     write_baseline,
 )
+from apg_farm.results.bed_baselines import (
+    ACROSS,
+    baseline_lines,
+    refuse_across_baselines,
+)
 from apg_farm.results.clustered import MIN_TASKS
 from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
@@ -72,6 +77,7 @@ from apg_farm.results.watch import render_watch, watch_snapshot
 from apg_farm.store import SealedSweep, refuse_if_sealed
 
 __all__ = [
+    "ACROSS",
     "CELL_COUNTS",
     "CSV_COLUMNS",
     "MIN_TASKS",
@@ -88,6 +94,7 @@ __all__ = [
     "add_stop",
     "analyse",
     "artifacts",
+    "baseline_lines",
     "between_task_variance",
     "build_baseline",
     "cell_variance",
@@ -116,6 +123,7 @@ __all__ = [
     "pass_at_k",
     "pass_hat_k",
     "quantile",
+    "refuse_across_baselines",
     "refuse_if_sealed",
     "render_html",
     "render_watch",

@@ -21,6 +21,7 @@ from apg_farm import __version__
 from apg_farm.contract import FINGERPRINTS, PROVENANCE_LIBRARY, Outcome, envelope_provenance
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
 from apg_farm.results import queries
+from apg_farm.results.bed_baselines import add_bed_baselines
 from apg_farm.results.clustered import Clustered, clustered_sums, two_sided_p
 from apg_farm.results.clustered import as_dict as clustered_dict
 from apg_farm.results.costs import add_costs
@@ -327,6 +328,8 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
         add_costs(session, sweep.id, report)
         # Re-runs after the agent started, and the pass rate with them counted as failures.
         add_second_chance(session, sweep.id, report)
+        # The bed baselines (code versions) its executions ran on: more than one says so.
+        add_bed_baselines(session, sweep.id, report)
     report["sweep"].update(
         {
             "trials": trials,

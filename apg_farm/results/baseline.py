@@ -32,6 +32,8 @@ _KEPT = (
     "comparisons",
     "provenance",
     "second_chance",
+    # The bed baselines (code versions) behind the results: `check` pairs only equal ones.
+    "bed_baselines",
 )
 
 

@@ -142,6 +142,12 @@ NOT_SEALED: dict[str, dict[str, str]] = {
         "provenance": "strings read from the envelope when it was recorded, for reports to "
         "count; the envelope's bytes are sealed as an artifact of their own, and "
         "contract/provenance.py derives the same strings from them again",
+        # Not yet sealed (#22, to decide): compare/check read them to refuse pairing across bed
+        # baselines; no verdict rests on them.
+        "baseline_key": "the bed's baseline (fixture-set key and code versions) when the "
+        "execution ran, for compare/check to refuse pairing across baselines; no verdict",
+        "escrow_sha256": "a digest of the escrow set the bed was verified against, for "
+        "compare/check; the verify phases that used it are sealed",
         **dict.fromkeys(
             (
                 "cost_usd",
@@ -173,6 +179,7 @@ NOT_SEALED_TABLES: dict[str, str] = {
     "model_gates": "each model's breaker and concurrency lock now: operations, shared by sweeps",
     "budgets": "the farm's spending caps: operations, shared by sweeps",
     "spend": "running spend totals of the whole farm, not a sweep's evidence",
+    "bed_baselines": "the baselines beds have held, shared by sweeps; an execution names its own",
 }
 
 

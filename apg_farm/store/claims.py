@@ -29,6 +29,7 @@ from apg_farm.defaults import (
     PROVIDER_BACKOFF_MAX,
 )
 from apg_farm.specs import SweepSpec
+from apg_farm.store.baselines import note_baseline
 from apg_farm.store.canaries import CANARY_HOLD
 from apg_farm.store.db import Store, rowcount
 from apg_farm.store.models import (
@@ -277,6 +278,8 @@ def claim(
                 )
                 or 0
             ) + 1
+            # The baseline this try resets to: the bed's, as its escrow set records it.
+            baseline_key, escrow_sha256 = note_baseline(session, bed)
             # Stamped now, not when the claim began: a claim that waited for a gate's lock
             # starts after whatever finished meanwhile.
             execution = Execution(
@@ -285,6 +288,8 @@ def claim(
                 number=number,
                 worker=worker,
                 started_at=utcnow(),
+                baseline_key=baseline_key,
+                escrow_sha256=escrow_sha256,
             )
             session.add(execution)
             stopped_before = bool((bed.meta or {}).get(AGENT_STOPPED, True))

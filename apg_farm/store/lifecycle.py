@@ -25,11 +25,14 @@ never wait for each other in opposite orders.
 | bed active -> quarantined | `quarantine_bed`, `rules.quarantine` | bed |
 | bed quarantined/draining -> active | `release_bed` | bed |
 | bed draining -> removed | `rules.finish_draining` | bed |
+| bed active -> upgrading, a step of its upgrade | `start_upgrade`, `upgrade_step` | bed |
+| bed upgrading -> active (healthy) or quarantined | `finish_upgrade` | bed |
 | a model's believed outage opened | `judge_outage_claim` (pacing.believe_outage) | the model's gate |
 | a harness's sweep made, one sample's attempt queued | `open_harness_attempt` | the sweep |
 | queued -> done CANCELLED, one attempt (its sample interrupted) | `cancel_attempt` | the attempt |
 | a canary holds the bed (claims refuse it), then its event, summary and quarantine | `hold_for_canary`, `record_canary` | bed |
 | a bed's own canary settings | `set_canary_config` | bed |
+| queued attempts' places (seq) by the sweep's weight | `place_queued`, `set_priority` | the sweep's queued attempts, then the sweep |
 """
 
 from __future__ import annotations
@@ -69,13 +72,15 @@ from apg_farm.store.models import (
     SweepState,
     utcnow,
 )
-from apg_farm.store.pacing import add_spend, believe_outage, db_time
+from apg_farm.store.pacing import add_spend, believe_outage, claimable, db_time
 from apg_farm.store.rules import done, finish_draining, pace_model, quarantine, settle, to_the_back
 from apg_farm.store.stopping import lock_sweep, look, stop_reason
 from apg_farm.transports import CommandResult
 
 #: The bed meta key holding the web container's processes when an agent was last confirmed stopped.
 STOP_LISTING = "stop_listing"
+#: The bed meta key naming the rolling upgrade that holds the bed, and its step.
+UPGRADE = "upgrade"
 
 
 class SealedSweep(BadInput):
@@ -84,6 +89,10 @@ class SealedSweep(BadInput):
 
 class NotReleasable(BadInput):
     """The bed is in a state `release` cannot bring back (removed from the inventory)."""
+
+
+class NotUpgradable(BadInput):
+    """The bed cannot be taken out for this upgrade (not active, or held by another rollout)."""
 
 
 def refuse_if_sealed(sweep: Sweep) -> None:
@@ -380,6 +389,75 @@ def remove_bed(session: Session, bed: Bed, reason: str, *, detail: str | None = 
     """A bed out of the farm for good; its history stays with its sweeps."""
     bed.state, bed.state_reason = BedState.REMOVED, reason
     session.add(BedEvent(bed_id=bed.id, kind="removed", detail=detail or reason))
+
+
+# --- a rolling upgrade (beds/upgrade.py) ---------------------------------------------------------
+
+
+def upgrade_of(bed: Bed) -> dict[str, Any]:
+    """The rollout holding the bed and its step ({} when none)."""
+    held = (bed.meta or {}).get(UPGRADE)
+    return held if isinstance(held, dict) else {}
+
+
+def start_upgrade(store: Store, name: str, rollout: str) -> Bed:
+    """Take an active bed out of its pool for `rollout`: it finishes the attempt it holds and
+    takes nothing new. A bed this rollout already holds (an interrupted run) is taken as it is."""
+    with store.session() as session:
+        row = _bed_named(session, store, name)
+        held = upgrade_of(row).get("rollout")
+        if row.state == BedState.UPGRADING and held == rollout:
+            session.add(BedEvent(bed_id=row.id, kind="upgrade", detail=f"{rollout}: resumed"))
+        elif row.state != BedState.ACTIVE:
+            why = f"held by rollout {held}" if row.state == BedState.UPGRADING else row.state
+            raise NotUpgradable(
+                f"bed {name} is {why}: only an active bed is taken out for an upgrade",
+                field="bed",
+                fix="release or upgrade it first; `apg-farm bed list` shows why it is out",
+            )
+        else:
+            row.state, row.state_reason = BedState.UPGRADING, f"upgrade {rollout}: draining"
+            row.meta = {**(row.meta or {}), UPGRADE: {"rollout": rollout, "step": "draining"}}
+            session.add(BedEvent(bed_id=row.id, kind="upgrade-out", detail=rollout))
+        session.flush()
+        session.expunge(row)
+        return row
+
+
+def upgrade_step(store: Store, name: str, rollout: str, step: str, detail: str) -> None:
+    """One step of the bed's upgrade, recorded (an event, its reason); refused with
+    NotUpgradable when the bed left the rollout meanwhile (quarantined, released, removed)."""
+    with store.session() as session:
+        row = _bed_named(session, store, name)
+        if row.state != BedState.UPGRADING or upgrade_of(row).get("rollout") != rollout:
+            raise NotUpgradable(
+                f"bed {name} left rollout {rollout}: it is {row.state}"
+                + (f" ({row.state_reason})" if row.state_reason else ""),
+                field="bed",
+            )
+        row.state_reason = f"upgrade {rollout}: {step}"
+        row.meta = {**(row.meta or {}), UPGRADE: {"rollout": rollout, "step": step}}
+        session.add(BedEvent(bed_id=row.id, kind="upgrade", detail=f"{step}: {detail}"))
+
+
+def finish_upgrade(store: Store, name: str, rollout: str, *, healthy: bool, detail: str) -> str:
+    """The upgrade's end: a healthy bed back in its pool, any other quarantined with `detail`
+    (the evidence). A bed that left the rollout meanwhile is left as it is. Its state after."""
+    with store.session() as session:
+        row = _bed_named(session, store, name)
+        if row.state != BedState.UPGRADING or upgrade_of(row).get("rollout") != rollout:
+            return row.state
+        meta = {
+            **(row.meta or {}),
+            UPGRADE: {"rollout": rollout, "step": "done" if healthy else "failed"},
+        }
+        row.meta = meta
+        if healthy:
+            row.state, row.state_reason, row.consecutive_errors = BedState.ACTIVE, None, 0
+            session.add(BedEvent(bed_id=row.id, kind="upgraded", detail=f"{rollout}: {detail}"))
+        else:
+            quarantine(session, row, [f"upgrade {rollout} failed: {detail}"])
+        return row.state
 
 
 def count_dispatches(store: Store, session: Session, ids: Collection[int]) -> list[Any]:
@@ -702,3 +780,89 @@ def set_canary_config(store: Store, name: str, values: dict[str, Any] | None) ->
             meta[CANARY_CONFIG] = {**(meta.get(CANARY_CONFIG) or {}), **values}
         row.meta = meta
         return dict(meta.get(CANARY_CONFIG) or {})
+
+
+# --- shares: a sweep's place in its pool's claim order ------------------------------------------
+
+
+def queue_head(store: Store, session: Session, pool: str) -> int:
+    """The place (seq) a pool's claims have reached: the first queued attempt of an open sweep
+    that was never claimed and that a claim could take now, else the first never claimed, else
+    0 (an idle pool).
+
+    A sweep that starts (or grows, or changes weight) is placed from here: behind nothing that
+    was claimed already, ahead of nothing it should share with. Attempts claimed before (an
+    infrastructure retry keeps its early place, provider trouble sends one to the back) are
+    not the head: a new sweep placed at a retry's early seq would run alone until it caught up.
+    """
+    base = (
+        select(func.min(Attempt.seq))
+        .join(Sweep, Sweep.id == Attempt.sweep_id)
+        .where(Attempt.pool == pool, Attempt.state == AttemptState.QUEUED)
+        .where(Attempt.deliveries == 0)
+        .where(Sweep.state == SweepState.OPEN, Sweep.driver.is_(None))
+    )
+    head = session.scalar(base.where(*claimable(store)))
+    if head is None:
+        head = session.scalar(base)
+    return int(head or 0)
+
+
+def place_queued(store: Store, session: Session, sweep_id: int, weight: int, base: int) -> int:
+    """Re-place the sweep's queued attempts by its weight (stride scheduling); their count.
+
+    Claims take attempts in (seq, id) order. The sweep's queued attempts keep their own order
+    (trial-major, as planned: the `stop:` rule relies on it) and take the places base, base,
+    ... (`weight` attempts per place), base + 1, ...: a sweep of weight 3 puts three attempts
+    where a sweep of weight 1 puts one, so over any stretch of the pool's queue its attempts are
+    claimed three times as often. One statement, in the database.
+    """
+    ranked = (
+        select(
+            Attempt.id.label("id"),
+            (func.row_number().over(order_by=(Attempt.seq, Attempt.id)) - 1).label("rank"),
+        )
+        .where(Attempt.sweep_id == sweep_id, Attempt.state == AttemptState.QUEUED)
+        .subquery()
+    )
+    return rowcount(
+        session.execute(
+            update(Attempt)
+            .where(Attempt.id == ranked.c.id)
+            .values(seq=base + ranked.c.rank // weight)
+            .execution_options(synchronize_session=False)
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Reweighed:
+    """What `set_priority` did."""
+
+    sweep: str
+    old: int
+    new: int
+    placed: int
+
+
+def set_priority(store: Store, sweep_id: int, weight: int) -> Reweighed:
+    """A sweep's new weight, and its queued attempts re-placed from the pool's head by it.
+
+    Running attempts are not touched (nothing is preempted); a closed sweep is refused."""
+    with store.session() as session:
+        sweep = _sweep(session, sweep_id)
+        refuse_if_sealed(sweep)
+        if sweep.state != SweepState.OPEN:
+            raise BadInput(
+                f"sweep {sweep.name} was cancelled: it has nothing queued to weigh",
+                field="sweep",
+                fix="submit the file under a new name",
+            )
+        spec = SweepSpec.model_validate(sweep.spec)
+        # Attempt rows first, then the sweep (the lock order).
+        placed = place_queued(
+            store, session, sweep.id, weight, queue_head(store, session, sweep.pool)
+        )
+        if spec.priority != weight:
+            sweep.spec = spec.model_copy(update={"priority": weight}).model_dump(mode="json")
+        return Reweighed(sweep.name, spec.priority, weight, placed)

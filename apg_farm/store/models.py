@@ -73,6 +73,10 @@ class BedState(StrEnum):
         "quarantined"  #: failed a reset, was tampered with, or kept failing: a human must look
     )
     DRAINING = "draining"  #: finishes what it holds, takes nothing new
+    #: out for a rolling upgrade (`pool upgrade`): finishes what it holds, takes nothing new,
+    #: and comes back only when the upgrade's doctor is healthy. Not DRAINING: a drained bed is
+    #: removed, and the inventory's apply brings a draining bed back at once.
+    UPGRADING = "upgrading"
     REMOVED = "removed"  #: gone from the pool; kept for the history of its executions
 
 
@@ -148,6 +152,19 @@ class Bed(Base):
     consecutive_errors: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class BedBaseline(Base):
+    """A baseline some bed reset to: its fixture-set key and the code versions APG recorded
+    (`versions.<set>.json`, read from the escrow set; beds/identity.py). Executions name it."""
+
+    __tablename__ = "bed_baselines"
+
+    key: Mapped[str] = mapped_column(String(16), primary_key=True)
+    set_key: Mapped[str] = mapped_column(String(64))
+    #: name -> version text (bounded); None when the bed's baseline recorded no versions file.
+    versions: Mapped[dict[str, str] | None] = mapped_column(JSONText)
+    first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class BedEvent(Base):
@@ -352,6 +369,11 @@ class Execution(Base):
     #: The run phase's command was issued: the agent may have acted (a re-run after it is a
     #: second chance; docs/analysis.md, "Second-chance bias").
     agent_started: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: The bed's baseline when the execution was claimed (its `bed_baselines` key): the fixture
+    #: set and the code versions its reset restored. NULL when the bed recorded none.
+    baseline_key: Mapped[str | None] = mapped_column(String(16))
+    #: sha256 over the escrow set's files the farm verified the bed against (beds/identity.py).
+    escrow_sha256: Mapped[str | None] = mapped_column(String(64))
 
     attempt: Mapped[Attempt] = relationship(back_populates="executions")
     phases: Mapped[list[Phase]] = relationship(order_by="Phase.id")

@@ -24,6 +24,21 @@
     return hours ? hours + "h" + two(minutes) + "m" + two(secs) + "s" : minutes + "m" + two(secs) + "s";
   }
 
+  function shareText(share) {
+    // As the sweeps page renders it: claims got of the pool's recent ones, and what the weight asks.
+    if (!share) {
+      return "—";
+    }
+    if (!share.of_claims) {
+      return "no claims yet";
+    }
+    var text = share.claims + "/" + share.of_claims + " (" + Math.round(100 * share.claimed_share) + " %";
+    if (share.expected_share !== null) {
+      text += ", asks " + Math.round(100 * share.expected_share) + " %";
+    }
+    return text + ")";
+  }
+
   function usd(value) {
     // As the reports write dollars: 4 decimals below $1, else 2.
     if (value === null || value === undefined) {
@@ -126,6 +141,8 @@
         put("invalid", s.outcomes.INVALID || 0);
         put("spent", usd(s.spent_usd));
         put("budget", s.budget_usd === null ? "none" : usd(s.budget_usd));
+        put("priority", s.share ? s.share.priority : "—");
+        put("share", shareText(s.share));
         var bar = tr.querySelector('[data-field="progress"]');
         if (bar) {
           bar.max = s.total || 1;
