@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,12 @@ def make_beds(
     config: dict[str, Any] | None = None,
     prefix: str = "bed",
     image: str | None = None,
+    own_projects: bool = True,
 ) -> list[Bed]:
-    """`count` simulated beds: created, provisioned, escrowed outside the project, enrolled."""
+    """`count` simulated beds: created, provisioned, escrowed outside the project, enrolled.
+
+    With `own_projects` (the default) each bed's DDEV project is its name and a random suffix;
+    without, the project is the bed's name (for a caller whose names are unique already)."""
     ddev = simbed.install_ddev(root / "bin")
     beds = []
     for index in range(count):
@@ -39,6 +44,9 @@ def make_beds(
             ddev=ddev,
             config={"time_scale": TEST_TIME_SCALE, "seed": 11, **(config or {})},
             image=image,
+            # Tests on other xdist workers make beds of the same names on this Docker host: a
+            # project of the same name would be theirs (the mounts check refuses it, rightly).
+            project=f"{name}-{uuid.uuid4().hex[:8]}" if own_projects else name,
         )
         with store.session() as session:
             session.add(row)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from apg_farm.beds import check_bed_mounts, classify_container, doctor_bed, get_bed, set_docker_host
+from apg_farm.fixtures import simbed
 from apg_farm.store import BedState, Store
 from tests.docker_api import bind, fake_docker, web_container
 from tests.remotebeds import REMOTE_PATH, remote_beds
@@ -80,11 +81,17 @@ def test_doctor_reports_mounts_and_refuses_a_bed_that_sees_its_escrow(
         mounts = verdict["effective_mounts"]
         assert healthy and not mounts["checked"] and "no DDEV web container" in mounts["reason"]
         # A DDEV web container that sees only its project: checked and fine.
-        engine.add(web_container("c-ok", project=bed.name, approot=bed.approot))
+        engine.add(
+            web_container(
+                "c-ok", project=simbed.project_name(Path(bed.approot)), approot=bed.approot
+            )
+        )
         healthy, verdict = doctor_bed(store, bed)
         mounts = verdict["effective_mounts"]
         assert healthy and verdict["healthy"] is True
-        assert mounts["checked"] and mounts["containers"] == [f"ddev-{bed.name}-web"]
+        assert mounts["checked"] and mounts["containers"] == [
+            f"ddev-{simbed.project_name(Path(bed.approot))}-web"
+        ]
         assert mounts["escrow_reachable"] is False and mounts["refused"] is False
         assert any(p.endswith("/containers/json") for p in engine.requests)
         assert any(p.endswith("/containers/c-ok/json") for p in engine.requests)
@@ -93,7 +100,7 @@ def test_doctor_reports_mounts_and_refuses_a_bed_that_sees_its_escrow(
         engine.add(
             web_container(
                 "c-ok",
-                project=bed.name,
+                project=simbed.project_name(Path(bed.approot)),
                 approot=bed.approot,
                 mounts=[bind(escrow_dir, "/mnt/escrow", rw=False)],
             )
@@ -172,9 +179,15 @@ def test_a_symlinked_approot_is_the_same_project(store: Store, tmp_path: Path) -
     alias.symlink_to(bed.approot)
     with fake_docker() as engine:
         set_docker_host(store, bed.name, engine.url)
-        engine.add(web_container("c1", project=bed.name, approot=str(alias)))
+        engine.add(
+            web_container("c1", project=simbed.project_name(Path(bed.approot)), approot=str(alias))
+        )
         report = check_bed_mounts(get_bed(store, bed.name))
-        engine.add(web_container("c1", project=bed.name, approot=str(tmp_path)))
+        engine.add(
+            web_container(
+                "c1", project=simbed.project_name(Path(bed.approot)), approot=str(tmp_path)
+            )
+        )
         other = check_bed_mounts(get_bed(store, bed.name))
     assert report.checked and report.refusals == []
     assert "other_approot" in [f.kind for f in other.refusals]

@@ -168,7 +168,9 @@ def local_store(tmp_path: Path, farm_home: Path) -> Iterator[Store]:
 @pytest.fixture
 def bed(local_store: Store, tmp_path: Path) -> Bed:
     """A simulated local bed with a project name of its own (the engine may be shared)."""
-    [row] = make_beds(local_store, tmp_path, 1, prefix=f"mt{uuid.uuid4().hex[:8]}-")
+    [row] = make_beds(
+        local_store, tmp_path, 1, prefix=f"mt{uuid.uuid4().hex[:8]}-", own_projects=False
+    )
     assert row.escrow_set is not None
     return row
 

@@ -70,8 +70,12 @@ def simulated_bed(
     config: dict[str, Any],
     fixtures: tuple[str, ...] = DEFAULT_FIXTURES,
     image: str | None = None,
+    project: str | None = None,
 ) -> Bed:
     """A simulated bed under root/beds, provisioned and escrowed under root/escrow, not yet stored.
+
+    Its DDEV project is named `project` (default: the bed's name); DDEV project names are one
+    namespace per Docker host, so beds made side by side on one host need distinct ones.
 
     With `image`, a container bed: its web commands run in a real web container of that image
     (fixtures/container); without, a host-only bed whose commands all run on this host.
@@ -87,7 +91,7 @@ def simulated_bed(
     from apg_farm.fixtures import simbed
 
     approot = root / "beds" / name
-    simbed.create_bed(approot, project=name, config=config)
+    simbed.create_bed(approot, project=project or name, config=config)
     if image is not None:
         simbed.start_container(approot, image=image)
     row = validate_new_bed(
