@@ -40,3 +40,14 @@ IDLE_POLL_SECONDS = 0.2
 DEFAULT_FIXTURES = ("kb_docs", "canvas_home")
 #: Where APG keeps baselines and runs, relative to the approot, unless AI_PG_BASELINE_DIR says otherwise.
 BASELINE_DIR = ".ai-proving-ground"
+#: Bytes of a sweep file the farm reads: 8 MiB holds some 400,000 task ids of 15 characters and
+#: parses in about 3 s of CPU (docs/benchmarks.md); a bigger file is a generated mistake.
+SWEEP_FILE_LIMIT = 8 * 1024 * 1024
+#: Attempts (tasks × models × trials) a submit or run takes unless `--max-attempts` raises it: at
+#: minutes of a bed each, a million is years of bed time; 10⁹ is a typo, not a plan.
+MAX_ATTEMPTS = 1_000_000
+#: The highest `--max-attempts`: a submit writes about 33,000 attempts a second and holds them in
+#: one transaction (10⁶ took 30 s and 220 MB), so ten million is the most one submit can carry.
+MAX_ATTEMPTS_CEILING = 10_000_000
+#: Attempts above which a submit or run asks first (`--yes`, or a prompt on a terminal).
+CONFIRM_ATTEMPTS = 100_000

@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import reprlib
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -20,8 +21,15 @@ from pydantic import (
     model_validator,
 )
 
-from apg_farm.defaults import DEFAULT_FIXTURES
+from apg_farm.defaults import (
+    CONFIRM_ATTEMPTS,
+    DEFAULT_FIXTURES,
+    MAX_ATTEMPTS,
+    MAX_ATTEMPTS_CEILING,
+    SWEEP_FILE_LIMIT,
+)
 from apg_farm.errors import BadInput, NotFound
+from apg_farm.strict_yaml import load_yaml
 
 #: Characters DDEV passes through a container shell unharmed (contract §2).
 _SAFE = re.compile(r"[A-Za-z0-9._@=:/-]+")
@@ -48,15 +56,21 @@ def _name(value: str) -> str:
 
 
 def _unique(values: list[str]) -> list[str]:
-    seen = [v for i, v in enumerate(values) if v in values[:i]]
-    if seen:
-        raise ValueError(f"listed twice: {', '.join(sorted(set(seen)))}")
+    # Counted, not searched: linear in the list (a 600,000-task file once took hours here).
+    twice = sorted(v for v, n in Counter(values).items() if n > 1)
+    if twice:
+        shown = ", ".join(twice[:10]) + (f" and {len(twice) - 10} more" if len(twice) > 10 else "")
+        raise ValueError(f"listed twice: {shown}")
     return values
 
 
 SafeArg = Annotated[str, AfterValidator(_safe)]
 SweepName = Annotated[str, AfterValidator(_name)]
 SafeList = Annotated[list[SafeArg], Field(min_length=1), AfterValidator(_unique)]
+# Numbers and switches are strict: YAML reads `true`, `yes` and `on` as booleans, and a lax
+# model would take `trials: true` as 1 trial, `"3"` as 3 and `diff: 1` as true.
+Seconds = Annotated[float, Field(strict=True, gt=0)]
+Flag = Annotated[bool, Field(strict=True)]
 
 
 class Timeouts(BaseModel):
@@ -64,13 +78,13 @@ class Timeouts(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    verify: float = Field(default=300, gt=0, le=86400)
+    verify: Seconds = Field(default=300, le=86400)
     """Each trusted verify (before and after the run)."""
-    reset: float = Field(default=900, gt=0, le=86400)
+    reset: Seconds = Field(default=900, le=86400)
     """The reset; a real bed takes 27-47 s, a first start of a stopped project much longer."""
-    run: float = Field(default=5400, gt=0, le=7 * 86400)
+    run: Seconds = Field(default=5400, le=7 * 86400)
     """The agent's run: a backstop above the adapter's own limit (APG_CLAUDE_TIMEOUT, default 3600 s)."""
-    grade: float = Field(default=600, gt=0, le=86400)
+    grade: Seconds = Field(default=600, le=86400)
     """The grade."""
 
 
@@ -83,13 +97,13 @@ class StopSpec(BaseModel):
 
     compare: Annotated[list[SafeArg], Field(min_length=2, max_length=2)]
     """The two models compared: both among the sweep's models, different."""
-    alpha: float = Field(default=0.05, gt=0, le=0.5)
+    alpha: float = Field(default=0.05, strict=True, gt=0, le=0.5)
     """The chance, under the null of no difference, that the sweep ever stops "decided"."""
-    min_pairs: int = Field(default=0, ge=0, le=10_000_000)
+    min_pairs: int = Field(default=0, strict=True, ge=0, le=10_000_000)
     """Pairs (cells where both models have a counted outcome) before any decision."""
-    max_pairs: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_pairs: int | None = Field(default=None, strict=True, ge=1, le=10_000_000)
     """Stop undecided after this many pairs ("cap reached"); none: the sweep's end is the cap."""
-    futility: float | None = Field(default=None, gt=0, lt=1)
+    futility: float | None = Field(default=None, strict=True, gt=0, lt=1)
     """Stop as futile once the confidence sequence of the paired difference A - B (points of
     pass rate, as a proportion) lies inside (-futility, futility)."""
 
@@ -141,20 +155,20 @@ class SweepSpec(BaseModel):
     """Task ids of the dataset."""
     models: SafeList
     """Model ids, passed to `ai-eval-run --model` and checked against the envelope."""
-    trials: int = Field(ge=1, le=100_000)
+    trials: int = Field(strict=True, ge=1, le=100_000)
     """Attempts per (task, model)."""
     agent: SafeArg = "claude"
     """Adapter name passed to `ai-eval-run --agent`."""
-    retries: int = Field(default=2, ge=0, le=20)
+    retries: int = Field(default=2, strict=True, ge=0, le=20)
     """Infrastructure failures retried per attempt (each on another bed where one exists)."""
     timeouts: Timeouts = Field(default_factory=Timeouts)
     """Per-phase limits."""
-    diff: bool = True
+    diff: Flag = True
     """Keep `ai-eval-diff --run` (what the attempt changed) as evidence, after the verify, before the grade."""
-    budget_usd: float | None = Field(default=None, gt=0, le=10_000_000)
+    budget_usd: float | None = Field(default=None, strict=True, gt=0, le=10_000_000)
     """Spending cap of the sweep in USD: once its executions cost this much, no new attempt is
     claimed (running ones finish). Raise it with `apg-farm budget set --sweep NAME --usd X`."""
-    max_concurrent: dict[SafeArg, Annotated[int, Field(ge=1, le=100_000)]] = Field(
+    max_concurrent: dict[SafeArg, Annotated[int, Field(strict=True, ge=1, le=100_000)]] = Field(
         default_factory=dict
     )
     """Per model: attempts of it running at once, farm-wide, across sweeps (a provider's rate)."""
@@ -211,6 +225,45 @@ class SweepSpec(BaseModel):
     def digest(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
+    @property
+    def attempts(self) -> int:
+        """Every (task, model, trial): what a submit stores."""
+        return len(self.tasks) * len(self.models) * self.trials
+
+    def size(self) -> str:
+        """`tasks × models × trials = attempts`, for messages about the sweep's size."""
+        return (
+            f"{_count(len(self.tasks), 'task')} × {_count(len(self.models), 'model')} × "
+            f"{_count(self.trials, 'trial')} = {_count(self.attempts, 'attempt')}"
+        )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def check_size(spec: SweepSpec, *, source: str, max_attempts: int = MAX_ATTEMPTS) -> None:
+    """Refuse a sweep larger than `max_attempts`: 100 tasks × 100 models × 100,000 trials is a
+    typo, and a submit of it would write for hours. `--max-attempts` raises the limit, up to
+    MAX_ATTEMPTS_CEILING (what one submit can carry)."""
+    if spec.attempts <= max_attempts:
+        return
+    if spec.attempts > MAX_ATTEMPTS_CEILING:
+        fix = (
+            f"split it into sweeps of at most {MAX_ATTEMPTS_CEILING:,} attempts, "
+            "or lower trials, tasks or models"
+        )
+    else:
+        fix = (
+            f"lower trials, tasks or models, or pass --max-attempts {spec.attempts} if you mean it"
+        )
+    raise BadInput(f"{source}: {spec.size()}, over the limit of {max_attempts:,}", fix=fix)
+
+
+def is_large(spec: SweepSpec) -> bool:
+    """Large enough that a submit asks before writing it (`--yes`)."""
+    return spec.attempts > CONFIRM_ATTEMPTS
+
 
 #: SweepSpec fields that pace a sweep without changing what it evaluates; a re-submit may change them.
 PACING = ("budget_usd", "max_concurrent", "priority")
@@ -221,10 +274,65 @@ def pool_key(fixtures: list[str] | tuple[str, ...]) -> str:
     return ",".join(sorted(fixtures))
 
 
+#: Problems listed one per line before the rest are only counted: a file of a million bad task
+#: ids gets a readable error, not a million lines.
+SHOWN_PROBLEMS = 20
+#: What a strict field wants, by pydantic's error type: (what it is, an example of it).
+_WANTED = {
+    "int_type": ("a whole number", "10"),
+    "float_type": ("a number", "2.5"),
+    "bool_type": ("true or false", "false"),
+    "string_type": ("text", "my-name"),
+}
+#: Examples for the keys people get wrong most, so a fix can be copied as it is.
+_EXAMPLES = {
+    "trials": "10",
+    "retries": "2",
+    "priority": "3",
+    "budget_usd": "50",
+    "alpha": "0.05",
+    "futility": "0.02",
+    "min_pairs": "20",
+    "max_pairs": "2000",
+    "verify": "300",
+    "reset": "900",
+    "run": "5400",
+    "grade": "600",
+    "diff": "true",
+    "name": "my-sweep",
+    "dataset": "droost_build_tasks",
+    "agent": "claude",
+}
+_short = reprlib.Repr()  # Python 3.11's Repr takes no keywords
+_short.maxlevel, _short.maxlist, _short.maxdict, _short.maxstring = 2, 4, 4, 40
+
+
+def _wrong_type(problem: Any) -> str:
+    """What is wrong with a value of the wrong type, and what to write instead."""
+    kind, value, loc = problem["type"], problem["input"], problem["loc"]
+    wanted, example = _WANTED[kind]
+    key = loc[-1] if loc and isinstance(loc[-1], str) else None
+    sample = f"{key}: {_EXAMPLES.get(key, example)}" if key else example
+    if value is None:
+        return f"empty; give {wanted}, e.g. {sample}" if key else "an empty item; remove it"
+    if isinstance(value, bool):
+        shown = "true" if value else "false"
+        if kind == "string_type":
+            return f"{shown} is a YAML boolean, not text; quote it: '{shown}'"
+        return f"{shown} is a YAML boolean, not {wanted}; write {wanted}, e.g. {sample}"
+    shown = _short.repr(value)
+    if kind == "string_type" and isinstance(value, int | float):
+        return f"{shown} is a number, not text; quote it: '{shown}'"
+    if isinstance(value, str):
+        return f"{shown} is quoted text, not {wanted}; write {wanted} without quotes, e.g. {sample}"
+    return f"{shown} is not {wanted}; write {wanted}, e.g. {sample}"
+
+
 def describe_validation_error(error: ValidationError, *, source: str) -> str:
-    """One line per problem, each naming the field path the user must change."""
+    """One line per problem, each naming the field path the user must change and how."""
     lines = []
-    for problem in error.errors():
+    problems = error.errors(include_url=False)
+    for problem in problems[:SHOWN_PROBLEMS]:
         path = ".".join(str(p) for p in problem["loc"]) or "(top level)"
         message = problem["msg"]
         if problem["type"] == "extra_forbidden":
@@ -233,7 +341,11 @@ def describe_validation_error(error: ValidationError, *, source: str) -> str:
             message = "required; add it"
         elif problem["type"] == "value_error":
             message = message.removeprefix("Value error, ")
+        elif problem["type"] in _WANTED:
+            message = _wrong_type(problem)
         lines.append(f"{source}: {path}: {message}")
+    if len(problems) > SHOWN_PROBLEMS:
+        lines.append(f"{source}: and {len(problems) - SHOWN_PROBLEMS} more problems")
     return "\n".join(lines)
 
 
@@ -251,24 +363,28 @@ def parse_sweep(data: Any, *, source: str = "sweep") -> SweepSpec:
 
 
 def load_sweep(path: Path) -> SweepSpec:
-    """Read and validate a sweep YAML file; every problem names the file and the field."""
+    """Read and validate a sweep YAML file; every problem names the file and the field.
+
+    Refused before any of it is parsed: a file over SWEEP_FILE_LIMIT. Refused while parsing: a
+    key given twice, nesting deeper than a sweep file can mean. Its size (attempts) is checked by
+    `check_size`, apart, because the flags of the command that reads it may raise the limit."""
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as handle:
+            raw = handle.read(SWEEP_FILE_LIMIT + 1)
     except FileNotFoundError:
         raise NotFound(f"no such file: {path}", fix="give the path of a sweep YAML file") from None
     except OSError as error:
         raise BadInput(f"cannot read {path}: {error.strerror}") from None
+    if len(raw) > SWEEP_FILE_LIMIT:
+        raise BadInput(
+            f"{path}: larger than {SWEEP_FILE_LIMIT // (1024 * 1024)} MiB, more than a sweep file "
+            "can mean (some 400,000 task ids fit in it)",
+            fix="split it into several sweeps; a sweep's tasks are a dataset's task ids, not its data",
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise BadInput(
             f"{path}: not UTF-8 text (byte {error.start})", fix="save it as UTF-8"
         ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or "invalid YAML"
-        raise BadInput(f"{path}: {problem}{where}", fix="correct the YAML syntax") from None
-    return parse_sweep(data, source=str(path))
+    return parse_sweep(load_yaml(text, source=str(path)), source=str(path))

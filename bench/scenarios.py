@@ -805,7 +805,8 @@ def submit(
     total = write_spec(spec, f"submit-{label}", attempts, tasks=10, models=10)
     log(f"submit {total} attempts ({label})")
     timed = run_timed(
-        [*CLI, "sweep", "submit", str(spec)],
+        # Past CONFIRM_ATTEMPTS a submit asks first; the benchmark means its size.
+        [*CLI, "sweep", "submit", "--yes", "--max-attempts", str(total), str(spec)],
         env=env,
         log_path=workdir / f"{label}-submit.log",
         timeout=timeout,

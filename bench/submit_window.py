@@ -114,7 +114,9 @@ def main() -> None:
         )
         with open("/proc/loadavg") as f:
             load = float(f.read().split()[0])
-        timing = _timed([args.cli, "sweep", "submit", str(work / "sweep.yaml")], env)
+        # --yes and --max-attempts: past 100,000 attempts a submit asks first.
+        submit = ["sweep", "submit", "--yes", "--max-attempts", str(attempts)]
+        timing = _timed([args.cli, *submit, str(work / "sweep.yaml")], env)
         client = redis_client.Redis.from_url(redis.url())
         queue = pool_queue(pool_key(list(simbed.DEFAULT_FIXTURES)))
         result = {

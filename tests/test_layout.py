@@ -38,6 +38,7 @@ FOUNDATIONS = {
     "apg_farm.errors",
     "apg_farm.settings",
     "apg_farm.specs",
+    "apg_farm.strict_yaml",
     "apg_farm.sequential",
 }
 #: Code checked strictly (tests/ may import a module it tests directly).

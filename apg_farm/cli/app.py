@@ -11,13 +11,15 @@ import typer
 from rich.table import Table
 
 from apg_farm.cli import analysis as analysis_cli
-from apg_farm.cli import budget, canary, distributed, grow, pool, remote
+from apg_farm.cli import budget, canary, distributed, grow, pool, remote, sweep_file
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
+from apg_farm.defaults import MAX_ATTEMPTS
 from apg_farm.errors import BadInput, FarmError
 
 if TYPE_CHECKING:
     from apg_farm.scheduler import Submission
+    from apg_farm.specs import SweepSpec
     from apg_farm.store import Store
 
 app = typer.Typer(
@@ -339,13 +341,16 @@ def sweep_submit(
             "or 0.1.",
         ),
     ] = None,
+    max_attempts: sweep_file.MaxAttempts = MAX_ATTEMPTS,
+    yes: sweep_file.Yes = False,
 ) -> None:
     """Create a sweep's attempts (idempotent) and, with a broker configured, send them to the beds.
 
     --dry-run stores and sends nothing: it estimates cost and time from earlier executions;
-    with --detect, also the trials a paired comparison of the models needs, and their price."""
+    with --detect, also the trials a paired comparison of the models needs, and their price.
+    A sweep of more than 1,000,000 attempts is refused unless --max-attempts allows it; one of
+    more than 100,000 is submitted only with --yes (or a yes at the terminal's question)."""
     from apg_farm.scheduler import check_flags, estimate_sweep, plan_power
-    from apg_farm.specs import load_sweep
 
     if dry_run and wait:
         raise BadInput(
@@ -363,10 +368,14 @@ def sweep_submit(
         correlation=correlation,
         task_sd=task_sd,
     )
+    # The file first: a refused one leaves the store as it was.
+    if dry_run:
+        spec = sweep_file.price_sweep(file, max_attempts=max_attempts)
+    else:
+        spec = sweep_file.read_sweep(file, max_attempts=max_attempts, yes=yes)
     store = open_store()
     if dry_run:
         # What submit checks (the file, the broker's limits, the stored sweep), then no write.
-        spec = load_sweep(file)
         if distributed.broker_configured():
             distributed.check_limits(spec)
         estimate = estimate_sweep(store, spec)
@@ -381,7 +390,7 @@ def sweep_submit(
             if plan is not None:
                 out.print(plan.describe(), markup=False, soft_wrap=True)
         return
-    result = _submit_file(store, file)
+    result = _submit_spec(store, spec)
     if not distributed.broker_configured():
         if wait:
             raise BadInput(
@@ -471,10 +480,18 @@ def sweep_set_priority(
 
 
 @app.command("run")
-def run_cmd(file: Path) -> None:
-    """Submit a sweep file and run it to the end (embedded, or on the workers when a broker is set)."""
+def run_cmd(
+    file: Path,
+    max_attempts: sweep_file.MaxAttempts = MAX_ATTEMPTS,
+    yes: sweep_file.Yes = False,
+) -> None:
+    """Submit a sweep file and run it to the end (embedded, or on the workers when a broker is set).
+
+    The same limits as `sweep submit`: over 1,000,000 attempts needs --max-attempts, over
+    100,000 needs --yes."""
+    spec = sweep_file.read_sweep(file, max_attempts=max_attempts, yes=yes)
     store = open_store()
-    _run_to_the_end(store, _submit_file(store, file).sweep_id)
+    _run_to_the_end(store, _submit_spec(store, spec).sweep_id)
 
 
 @app.command("report")
@@ -530,12 +547,10 @@ def sweep_resume(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]
     _run_to_the_end(store, find_sweep(store, sweep).id)
 
 
-def _submit_file(store: Store, file: Path) -> Submission:
-    """Load, check against the broker's limits when there is one, submit, and say what happened."""
+def _submit_spec(store: Store, spec: SweepSpec) -> Submission:
+    """Check against the broker's limits when there is one, submit, and say what happened."""
     from apg_farm.scheduler import submit
-    from apg_farm.specs import load_sweep
 
-    spec = load_sweep(file)
     if distributed.broker_configured():
         distributed.check_limits(spec)
     submission = submit(store, spec)
