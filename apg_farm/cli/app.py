@@ -136,7 +136,7 @@ def bed_add(
             field="--identity/--known-hosts/--trust-host-key",
             fix="add --ssh user@host",
         )
-    store = open_store()
+    store = open_store(create=True)
     row = add_bed(
         store,
         NewBed(
@@ -363,7 +363,9 @@ def sweep_submit(
         correlation=correlation,
         task_sd=task_sd,
     )
-    store = open_store()
+    # A dry run stores nothing, so it needs a store that exists (a mistyped URL would otherwise
+    # price the sweep against a new empty one and say it has no history).
+    store = open_store(create=not dry_run)
     if dry_run:
         # What submit checks (the file, the broker's limits, the stored sweep), then no write.
         spec = load_sweep(file)
@@ -473,7 +475,7 @@ def sweep_set_priority(
 @app.command("run")
 def run_cmd(file: Path) -> None:
     """Submit a sweep file and run it to the end (embedded, or on the workers when a broker is set)."""
-    store = open_store()
+    store = open_store(create=True)
     _run_to_the_end(store, _submit_file(store, file).sweep_id)
 
 
@@ -511,12 +513,14 @@ def demo_cmd(
     if attacks:
         from apg_farm.cli.attacks import play_catalogue
 
-        if not play_catalogue(open_store()):
+        if not play_catalogue(open_store(create=True)):
             raise typer.Exit(1)
         return
     from apg_farm.cli.demo import run_demo
 
-    ok = run_demo(open_store(), beds=beds, trials=trials, time_scale=time_scale, faults=faults)
+    ok = run_demo(
+        open_store(create=True), beds=beds, trials=trials, time_scale=time_scale, faults=faults
+    )
     if not ok:
         raise typer.Exit(1)
 
