@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import os
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from apg_farm.defaults import AGENT_START_SECONDS, PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX
@@ -63,6 +67,21 @@ class Settings(BaseSettings):
     """A bed's canary is due this many hours after its last one (or its enrolment); 0: not by
     time. A bed's own `apg-farm bed canary --hours` wins."""
 
+    @field_validator("home")
+    @classmethod
+    def _home_is_a_folder(cls, value: Path) -> Path:
+        # A file here would surface much later as a traceback from whoever first makes a folder.
+        if value.exists() and not value.is_dir():
+            raise ValueError(f"{value} is a file, not a folder")
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_is_redis(cls, value: str | None) -> str | None:
+        if value:
+            broker_problem(value)
+        return value
+
     @property
     def backoff(self) -> tuple[float, float]:
         return (self.provider_backoff, max(self.provider_backoff, self.provider_backoff_max))
@@ -96,12 +115,102 @@ def with_password(url: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def broker_problem(url: str) -> None:
+    """Raise ValueError unless `url` is a Redis URL both Celery and redis-py accept: the broker
+    window and the broker view talk to Redis directly, so no other broker works."""
+    parts = urlsplit(url)
+    problem = None
+    if parts.scheme not in ("redis", "rediss"):
+        problem = f"{url!r} is not a Redis URL"
+    else:
+        try:
+            parts.port  # noqa: B018 - urllib checks the port only when it is read
+        except ValueError as error:
+            problem = f"{error} in {url!r}"
+        database = parts.path.lstrip("/")
+        if problem is None and database and not database.isdigit():
+            problem = f"the Redis database in {url!r} must be a number, not {database!r}"
+    if problem:
+        raise ValueError(f"{problem}; write redis://host:6379/0 (or rediss:// for TLS)")
+
+
+PREFIX = "APG_FARM_"
+#: `APG_FARM_*` names read or set outside `Settings`: by the farm's code (the dashboard token, a
+#: worker's bed, the markers and variables a bed command or an upgrade script gets) and by the
+#: repository's Compose file and image scripts (docs/operations.md). Anything else with the
+#: prefix is most likely a typo, which pydantic would ignore without a word.
+OTHER_NAMES = frozenset(
+    {
+        "APG_FARM_DASHBOARD_TOKEN",
+        "APG_FARM_WORKER_BED",
+        "APG_FARM_COMMAND",
+        "APG_FARM_ATTEMPT",
+        "APG_FARM_BED",
+        "APG_FARM_POOL",
+        "APG_FARM_DDEV",
+        "APG_FARM_FIXTURES",
+        "APG_FARM_ROLLOUT",
+        "APG_FARM_SSH_DIR",
+        "APG_FARM_FLOWER_PORT",
+        "APG_FARM_DASHBOARD_PORT",
+        "APG_FARM_BASE_IMAGE",
+        "APG_FARM_DEBIAN_MIRROR",
+        "APG_FARM_DEBOOTSTRAP_TIMEOUT",
+        "APG_FARM_DOCKERD_DRIVERS",
+        "APG_FARM_DOCKERD_LOG",
+        "APG_FARM_DOCKERD_WAIT",
+        "APG_FARM_EXTRA_CA_DIR",
+        "APG_FARM_IMAGE_CACHE",
+    }
+)
+#: Prefixes of names that belong to the test suite (tests/), never to a farm process.
+TEST_PREFIXES = ("APG_FARM_TEST_", "APG_FARM_INSPECT_", "APG_FARM_DASHBOARD_SCREENSHOTS")
+
+
+def known_names() -> frozenset[str]:
+    """Every `APG_FARM_*` name the farm or its tooling reads."""
+    fields = {f"APG_FARM_{name.upper()}" for name in Settings.model_fields}
+    return frozenset(fields) | OTHER_NAMES
+
+
+def unknown_names(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """Each `APG_FARM_*` variable of the environment that nothing reads, with the known name
+    closest to it (None when none is close): a typo'd setting is otherwise silently unused."""
+    env = os.environ if environ is None else environ
+    known = known_names()
+    found = []
+    for name in sorted(env):
+        if not name.startswith(PREFIX) or name in known or name.startswith(TEST_PREFIXES):
+            continue
+        # Compared without the prefix they all share, which would make any two names look alike.
+        close = difflib.get_close_matches(name[len(PREFIX) :], [k[len(PREFIX) :] for k in known])
+        found.append((name, PREFIX + close[0] if close else None))
+    return found
+
+
+_warned = False
+
+
+def warn_unknown_names() -> None:
+    """Say once per process, on stderr, which `APG_FARM_*` variables nothing reads."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    for name, close in unknown_names():
+        hint = f"; did you mean {close}?" if close else ""
+        sys.stderr.write(f"warning: {name} is not an apg-farm setting and is ignored{hint}\n")
+
+
 def load_settings() -> Settings:
     """Settings from the environment, read at call time so tests can change them."""
+    warn_unknown_names()
     try:
         return Settings()
     except ValidationError as error:
         problems = "; ".join(
-            f"APG_FARM_{str(p['loc'][0]).upper()}: {p['msg']}" for p in error.errors() if p["loc"]
+            f"APG_FARM_{str(p['loc'][0]).upper()}: {p['msg'].removeprefix('Value error, ')}"
+            for p in error.errors()
+            if p["loc"]
         )
         raise BadInput(problems or str(error), fix="correct the environment variable") from None

@@ -91,6 +91,8 @@ def farm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("APG_FARM_HOME", str(home))
     monkeypatch.delenv("APG_FARM_DATABASE_URL", raising=False)
     monkeypatch.delenv("APG_FARM_BROKER_URL", raising=False)
+    # Made here, as `apg-farm db upgrade` would: a command that only reads never makes a store.
+    Store(f"sqlite:///{home / 'farm.db'}").dispose()
     return home
 
 

@@ -240,7 +240,6 @@ def test_doctor_canary_on_a_clean_and_a_contaminated_bed(
 ) -> None:
     """`bed doctor NAME --canary`: exit 0 and one line on a clean bed, exit 1 and one line on a
     contaminated one (quarantined), exit 2 naming --task when there is nothing to grade."""
-    farm_home.mkdir(parents=True)
     store = Store(f"sqlite:///{farm_home / 'farm.db'}")
     clean, dirty = make_beds(store, farm_home / "beds", 2)
     store.dispose()
@@ -306,7 +305,6 @@ def test_bad_canary_settings_are_refused(
     args: list[str],
     field: str,
 ) -> None:
-    farm_home.mkdir(parents=True)
     store = Store(f"sqlite:///{farm_home / 'farm.db'}")
     (bed,) = make_beds(store, farm_home / "beds", 1)
     store.dispose()
@@ -321,7 +319,6 @@ def test_farm_settings_and_a_beds_own(
     farm_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The farm's APG_FARM_CANARY_* apply where a bed sets nothing; a bad one names itself."""
-    farm_home.mkdir(parents=True)
     store = Store(f"sqlite:///{farm_home / 'farm.db'}")
     (bed,) = make_beds(store, farm_home / "beds", 1)
     store.dispose()

@@ -366,7 +366,6 @@ def test_bed_clone_from_the_command_line(
 ) -> None:
     """The command: steps on stderr, one line on success; exit 2 on bad input, exit 1 with one
     error line when a step refuses (host-only beds: the command's wiring, not the engine)."""
-    farm_home.mkdir(parents=True)
     store = Store(f"sqlite:///{farm_home / 'farm.db'}")
     make_beds(store, tmp_path, 1, prefix="src")
     out, err = run_main(monkeypatch, capsys, "bed", "clone", "src0", "c1")
@@ -434,7 +433,6 @@ def test_beds_apply_stops_at_a_refused_clone(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The first clone refused is removed, the next is not attempted, the command exits 1."""
-    farm_home.mkdir(parents=True)
     store = Store(f"sqlite:///{farm_home / 'farm.db'}")
     (source,) = make_beds(store, tmp_path, 1, prefix="src", config={"web_commands": []})
     simbed.write_faults(Path(source.approot), {"reset_fail": True})

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.distributed import sweep_without_worker
-from apg_farm.errors import BadInput
+from apg_farm.errors import BadInput, FarmError
 
 if TYPE_CHECKING:
     from apg_farm.results import Side
@@ -669,9 +669,17 @@ def export_cmd(
             help="Folder for Inspect AI eval logs (one .eval per model; needs apg-farm[inspect]).",
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write into a folder that is not empty, replacing files of the same name.",
+        ),
+    ] = False,
 ) -> None:
     """Export every graded envelope verbatim and one aggregate envelope per (task, model)
-    (--eee), or the sweep as Inspect eval logs (--inspect), or both."""
+    (--eee), or the sweep as Inspect eval logs (--inspect), or both. A folder that holds
+    anything is refused unless --force."""
     from apg_farm.results import export_eee, find_sweep
 
     if eee is None and inspect is None:
@@ -680,10 +688,24 @@ def export_cmd(
             field="--eee/--inspect",
             fix="give --eee DIR, --inspect DIR or both",
         )
+    for flag, folder in (("--eee", eee), ("--inspect", inspect)):
+        if folder is not None and _export_folder(flag, folder, force=force):
+            err.print(
+                f"[yellow]writing into {escape(str(folder))}[/] (--force): files of the same "
+                "name are replaced, the others left",
+                soft_wrap=True,
+            )
     store = open_store()
     target = find_sweep(store, sweep)
     if eee is not None:
-        result = export_eee(store, target, eee)
+        try:
+            result = export_eee(store, target, eee)
+        except OSError as error:
+            raise FarmError(
+                f"cannot write the export under {eee}: {error.strerror}: {error.filename}",
+                field="--eee",
+                fix="give a folder you can write",
+            ) from None
         out.print(
             f"exported {result.attempts} attempt envelopes and {result.aggregates} aggregates to {eee}"
         )
@@ -698,10 +720,35 @@ def export_cmd(
                 field="--inspect",
                 fix="pip install 'apg-farm[inspect]'",
             ) from None
-        written = write_inspect_logs(store, target, inspect)
+        try:
+            written = write_inspect_logs(store, target, inspect)
+        except OSError as error:
+            raise FarmError(
+                f"cannot write the logs under {inspect}: {error.strerror}: {error.filename}",
+                field="--inspect",
+                fix="give a folder you can write",
+            ) from None
         out.print(
             f"wrote {written.samples} samples in {len(written.logs)} Inspect logs to {inspect}"
         )
+
+
+def _export_folder(flag: str, folder: Path, *, force: bool) -> bool:
+    """Refuse a file, or a folder with something in it unless `force`; True when writing into
+    a folder that holds files."""
+    if folder.exists() and not folder.is_dir():
+        raise BadInput(
+            f"{folder} is a file, not a folder", field=flag, fix="give a new or empty folder"
+        )
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return False
+    if not force:
+        raise BadInput(
+            f"{folder} is not empty: an export would overwrite what is there",
+            field=flag,
+            fix="give a new or empty folder, or add --force to write into it",
+        )
+    return True
 
 
 def register(app: typer.Typer) -> None:

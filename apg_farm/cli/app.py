@@ -138,7 +138,7 @@ def bed_add(
             field="--identity/--known-hosts/--trust-host-key",
             fix="add --ssh user@host",
         )
-    store = open_store()
+    store = open_store(create=True)
     row = add_bed(
         store,
         NewBed(
@@ -373,7 +373,9 @@ def sweep_submit(
         spec = sweep_file.price_sweep(file, max_attempts=max_attempts)
     else:
         spec = sweep_file.read_sweep(file, max_attempts=max_attempts, yes=yes)
-    store = open_store()
+    # A dry run stores nothing, so it needs a store that exists (a mistyped URL would otherwise
+    # price the sweep against a new empty one and say it has no history).
+    store = open_store(create=not dry_run)
     if dry_run:
         # What submit checks (the file, the broker's limits, the stored sweep), then no write.
         if distributed.broker_configured():
@@ -490,7 +492,7 @@ def run_cmd(
     The same limits as `sweep submit`: over 1,000,000 attempts needs --max-attempts, over
     100,000 needs --yes."""
     spec = sweep_file.read_sweep(file, max_attempts=max_attempts, yes=yes)
-    store = open_store()
+    store = open_store(create=True)
     _run_to_the_end(store, _submit_spec(store, spec).sweep_id)
 
 
@@ -528,12 +530,14 @@ def demo_cmd(
     if attacks:
         from apg_farm.cli.attacks import play_catalogue
 
-        if not play_catalogue(open_store()):
+        if not play_catalogue(open_store(create=True)):
             raise typer.Exit(1)
         return
     from apg_farm.cli.demo import run_demo
 
-    ok = run_demo(open_store(), beds=beds, trials=trials, time_scale=time_scale, faults=faults)
+    ok = run_demo(
+        open_store(create=True), beds=beds, trials=trials, time_scale=time_scale, faults=faults
+    )
     if not ok:
         raise typer.Exit(1)
 

@@ -18,12 +18,19 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
 
 
-def open_store() -> Store:
-    """The store named by APG_FARM_DATABASE_URL, or the embedded SQLite under APG_FARM_HOME."""
+def open_store(*, create: bool = False) -> Store:
+    """The store named by APG_FARM_DATABASE_URL, or the embedded SQLite under APG_FARM_HOME.
+
+    Only the commands that put something in a store (`db upgrade`, `bed add`, `beds apply`,
+    `run`, `sweep submit`, the demo) pass `create=True`, and say so when they made it: a read
+    command on a mistyped URL must fail, not answer from a new empty store."""
     from apg_farm.settings import load_settings
     from apg_farm.store import Store
 
-    return Store(load_settings().resolved_database_url())
+    store = Store(load_settings().resolved_database_url(), create=create)
+    if store.created:
+        err.print(f"created a new store at {store.safe_url()}", soft_wrap=True, markup=False)
+    return store
 
 
 def _rate(cell: dict[str, Any]) -> tuple[str, str]:

@@ -404,6 +404,7 @@ def scheduler_cmd(
 
 
 def db_upgrade_cmd() -> None:
-    """Migrate the store to the newest schema (every command also does this on open)."""
-    store = open_store()
+    """Create the store, or migrate it to the newest schema (every command also migrates a store
+    it opens; only this and the commands that add to a store create one)."""
+    store = open_store(create=True)
     out.print(f"store at {store.safe_url()} is up to date")

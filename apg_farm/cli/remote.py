@@ -34,7 +34,7 @@ def add_ssh_bed(
     from apg_farm.beds import NewRemoteBed, add_remote_bed
 
     row, pinned, record = add_remote_bed(
-        open_store(),
+        open_store(create=True),
         NewRemoteBed(
             name=name,
             ssh=ssh,
@@ -103,7 +103,9 @@ def beds_apply_cmd(
     from apg_farm.beds import apply_inventory, load_inventory
 
     inventory = load_inventory(file)
-    result = apply_inventory(open_store(), inventory, source=str(file), dry_run=dry_run)
+    result = apply_inventory(
+        open_store(create=not dry_run), inventory, source=str(file), dry_run=dry_run
+    )
     for note in result.notes:
         err.print(f"[yellow]note:[/] {note}")
     for change in result.changes:

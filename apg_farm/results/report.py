@@ -33,7 +33,9 @@ def find_sweep(store: Store, ref: str) -> Sweep:
     """A sweep by id or by name (names never look like plain integers... unless they do: id first)."""
     with store.read() as session:
         sweep = None
-        if ref.isdigit():
+        # An id is a 64-bit integer written in ASCII digits: anything else can only be a name
+        # (int() would take "²" or refuse 5,000 digits; the database would overflow at 2**63).
+        if ref.isascii() and ref.isdigit() and len(ref) <= 19 and int(ref) < 2**63:
             sweep = session.get(Sweep, int(ref))
         if sweep is None:
             sweep = session.scalar(select(Sweep).where(Sweep.name == ref))

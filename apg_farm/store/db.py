@@ -27,11 +27,11 @@ from sqlalchemy import (
     literal,
 )
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from apg_farm.defaults import STORE_PATIENCE
-from apg_farm.errors import BadInput, StoreError
+from apg_farm.errors import BadInput, NotFound, StoreError
 from apg_farm.store.models import UTCDateTime, utcnow
 
 T = TypeVar("T")
@@ -119,6 +119,11 @@ class Store:
     `pgbouncer=True`, or `?pgbouncer=true` in the URL, is for a server reached through PgBouncer in
     transaction pooling mode: psycopg then never uses server-side prepared statements, which
     would meet another client's session there. The flag is taken off the URL given to the driver.
+
+    `create=False` opens only a store that exists: a SQLite file that is not there, or a database
+    without the farm's tables, is refused (NotFound) instead of being made, so a read command
+    with a mistyped URL never leaves an empty store behind. `created` says whether this opening
+    made the store (its schema started from nothing).
     """
 
     def __init__(
@@ -126,6 +131,7 @@ class Store:
         url: str,
         *,
         upgrade: bool = True,
+        create: bool = True,
         pool_size: int | None = None,
         pool_timeout: float = 30.0,
         pgbouncer: bool | None = None,
@@ -148,6 +154,8 @@ class Store:
                 fix="use sqlite:///path/farm.db or postgresql://user@host/db",
             )
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        self.create = create
+        self.created = False
         flag = parsed.query.get(PGBOUNCER_FLAG)
         self.pgbouncer = (
             pgbouncer if pgbouncer is not None else _truthy(flag if isinstance(flag, str) else None)
@@ -175,8 +183,17 @@ class Store:
                 connect_args=connect_args,
             )
         database = url.database
-        if database and database != ":memory:":
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        if database and database != ":memory:" and not database.startswith("file:"):
+            path = Path(database).expanduser()
+            if not self.create and not path.is_file():
+                raise self.missing(str(path))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise BadInput(
+                    f"cannot make the store's folder {path.parent}: {error.strerror}",
+                    fix="point APG_FARM_DATABASE_URL or APG_FARM_HOME at a folder you can write",
+                ) from None
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
@@ -199,13 +216,32 @@ class Store:
                         f"the database is at schema {current}, which this apg-farm does not know",
                         fix="upgrade apg-farm, or point APG_FARM_DATABASE_URL at another database",
                     )
+                if current is None and not self.create:
+                    raise self.missing(self.safe_url())
                 if current != script.get_current_head():
                     command.upgrade(config, "head")
+                    self.created = current is None
         except OperationalError as error:
             raise StoreError(
                 f"cannot open the store at {self.safe_url()}: {error.orig}",
                 fix="check APG_FARM_DATABASE_URL and that the database server is running",
             ) from None
+        except DatabaseError as error:
+            if not self.is_sqlite:
+                raise
+            # SQLite's answer for a file that is not a database (or is damaged).
+            raise BadInput(
+                f"{self.safe_url()} is not an apg-farm store: {error.orig}",
+                field="APG_FARM_DATABASE_URL",
+                fix="point APG_FARM_DATABASE_URL at the store's file, or move that file away",
+            ) from None
+
+    def missing(self, where: str) -> NotFound:
+        """The error for a store that a read command found absent."""
+        return NotFound(
+            f"no store at {where}",
+            fix="create one with `apg-farm db upgrade`, or check APG_FARM_DATABASE_URL and APG_FARM_HOME",
+        )
 
     def safe_url(self) -> str:
         """The URL with any password hidden, for messages and logs."""
