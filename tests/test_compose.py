@@ -5,6 +5,8 @@ worker that waits for its bed."""
 from __future__ import annotations
 
 import re
+import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -54,15 +56,16 @@ def test_compose_has_the_services_and_they_are_wired() -> None:
     assert "pool_mode = transaction" in " ".join(services["pgbouncer"]["command"])
     assert services["scheduler"]["command"] == ["apg-farm", "scheduler"]
     assert services["worker-bed-1"]["command"] == ["apg-farm", "worker", "--bed", "bed-1"]
-    assert "apg_farm.workers.celery_app" in services["flower"]["command"]
+    flower = " ".join(services["flower"]["command"])
+    assert "celery -A apg_farm.workers.celery_app flower" in flower
     assert services["dashboard"]["command"] == [
         "apg-farm", "serve", "--host", "0.0.0.0", "--port", "8080"
     ]  # fmt: skip
-    # The SSH key folder reaches the worker read-only, where its beds' --identity points.
-    assert (
-        "${APG_FARM_SSH_DIR:-~/.ssh/apg-farm}:/home/farm/.ssh:ro"
-        in services["worker-bed-1"]["volumes"]
-    )
+    # The SSH key folder reaches the worker read-only, where its beds' --identity points; its
+    # known_hosts is writable on its own, for `bed add --trust-host-key`.
+    volumes = services["worker-bed-1"]["volumes"]
+    assert "${APG_FARM_SSH_DIR:-~/.ssh/apg-farm}:/home/farm/.ssh:ro" in volumes
+    assert "${APG_FARM_SSH_DIR:-~/.ssh/apg-farm}/known_hosts:/home/farm/.ssh/known_hosts" in volumes
     # Published on the host's loopback only.
     published = [p for s in services.values() for p in s.get("ports", [])]
     assert published and all(p.startswith("127.0.0.1:") for p in published)
@@ -99,6 +102,62 @@ def test_every_image_is_built_here_from_the_debootstrap_base(compose_file: str) 
         assert len(re.findall(r"^FROM ", dockerfile, re.M)) == 1, name
     base = (ROOT / "images" / "base.sh").read_text()
     assert "fixtures/container/image.sh" in base and "docker build" in base
+
+
+def _flower_start(
+    home: Path, bin_dir: Path, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """The flower service's command as its container runs it (Compose turns `$$` into `$`), with
+    a `celery` on PATH that records its arguments and FLOWER_BASIC_AUTH instead of serving."""
+    command = _compose()["services"]["flower"]["command"]
+    assert command[:2] == ["sh", "-c"]
+    return subprocess.run(
+        ["sh", "-c", command[2].replace("$$", "$")],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "APG_FARM_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
+
+
+def test_flower_gets_a_password_made_on_first_start_and_kept(tmp_path: Path) -> None:
+    """No password in the file: the first start makes `farm:<random>` in the farm-home volume
+    (0600), says where, never prints it; Flower gets it from FLOWER_BASIC_AUTH, not from its
+    command line (which `ps` shows); later starts keep it, and one the operator wrote is used."""
+    text = COMPOSE.read_text()
+    assert "basic-auth" not in text and "basic_auth" not in text
+    bin_dir, home = tmp_path / "bin", tmp_path / "home"
+    bin_dir.mkdir()
+    home.mkdir()
+    celery = bin_dir / "celery"
+    celery.write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$*" "$FLOWER_BASIC_AUTH" > "$APG_FARM_HOME/ran"\n'
+    )
+    celery.chmod(0o755)
+    first = _flower_start(home, bin_dir)
+    auth = home / "flower-auth"
+    credentials = auth.read_text().strip()
+    user, _, password = credentials.partition(":")
+    assert user == "farm" and len(password) >= 32
+    assert stat.S_IMODE(auth.stat().st_mode) == 0o600
+    assert f"credentials made in {auth}" in first.stdout
+    assert password not in first.stdout + first.stderr
+    argv, given = (home / "ran").read_text().splitlines()
+    assert argv == "-A apg_farm.workers.celery_app flower --port=5555"
+    assert given == credentials
+    again = _flower_start(home, bin_dir)
+    assert auth.read_text().strip() == credentials and "made" not in again.stdout
+    auth.write_text("ops:chosen-by-the-operator\n")
+    _flower_start(home, bin_dir)
+    assert (home / "ran").read_text().splitlines()[1] == "ops:chosen-by-the-operator"
+    assert stat.S_IMODE(auth.stat().st_mode) == 0o600
+    # A file Flower could not take a password from stops it: never a Flower without one.
+    (home / "ran").unlink()
+    auth.write_text("no-password-here\n")
+    refused = _flower_start(home, bin_dir, check=False)
+    assert refused.returncode == 1 and "must hold user:password" in refused.stderr
+    assert not (home / "ran").exists()
 
 
 @pytest.mark.parametrize("password", ["p@ss/w%rd:x", 'a"b#c?d e+f', "%40", "only-plain", "é/€:@@"])

@@ -9,6 +9,7 @@ simulated bed. The stack is taken down with its volumes whatever happens.
 
 from __future__ import annotations
 
+import ast
 import base64
 import http.client
 import io
@@ -19,9 +20,11 @@ import shlex
 import subprocess
 import tarfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,6 +132,7 @@ def stack(compose_command: list[str], tmp_path: Path) -> Iterator[Stack]:
     else:  # the container's farm user must read the key: the engine's files are root's anyway
         for path in ssh_dir.iterdir():
             path.chmod(0o644)
+        (ssh_dir / "known_hosts").chmod(0o666)  # and write known_hosts (--trust-host-key)
         ssh_dir.chmod(0o755)
     # Every character a URL would choke on, and a `"` for PgBouncer's auth file.
     password = f'p@ss/{secrets.token_hex(6)}%:w"rd#?'
@@ -165,23 +169,50 @@ def stack(compose_command: list[str], tmp_path: Path) -> Iterator[Stack]:
             subprocess.run(["docker", "rm", "-f", *left], capture_output=True, check=False)
 
 
-def _status(port: int, path: str = "/") -> int:
-    """The HTTP status of GET path on the host's loopback (redirects not followed)."""
+def _get(port: int, path: str = "/", credentials: str | None = None) -> tuple[int, bytes]:
+    """GET path on the host's loopback (redirects not followed), with basic auth if given."""
+    headers = {}
+    if credentials is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
     deadline = time.monotonic() + 30
     while True:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", path)
-            status = conn.getresponse().status
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            answer = response.status, response.read()
             conn.close()
-            return status
+            return answer
         except OSError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
 
 
-def _wait_for_log(stack: Stack, service: str, text: str, timeout: float = 60) -> str:
+def _status(port: int, path: str = "/", credentials: str | None = None) -> int:
+    return _get(port, path, credentials)[0]
+
+
+def _flower_tasks(port: int, credentials: str, expect: int) -> list[tuple[str, dict[str, Any]]]:
+    """Flower's view (its API) of the run_attempt tasks that ran an attempt to its end: each
+    task's state and its result, once it has seen `expect` of them."""
+    deadline = time.monotonic() + 60
+    while True:
+        status, body = _get(port, "/api/tasks?taskname=apg_farm.run_attempt", credentials)
+        assert status == 200, body[:500]
+        tasks = [
+            (t["state"], ast.literal_eval(t["result"]))
+            for t in json.loads(body).values()
+            if t.get("result") is not None
+        ]
+        ran = [(state, result) for state, result in tasks if result["ended"] == "recorded"]
+        if len(ran) >= expect or time.monotonic() > deadline:
+            return ran
+
+
+def _wait_for_log(stack: Stack, service: str, text: str, timeout: float = 180) -> str:
+    """Until the service has logged `text` (its logs so far); the deadline is generous: a farm
+    process starting on a loaded 2-CPU machine has taken over a minute to say its first line."""
     deadline = time.monotonic() + timeout
     while True:
         logs = stack.logs(service)
@@ -203,12 +234,19 @@ def test_the_stack_runs_a_sweep_on_an_ssh_bed_end_to_end(stack: Stack) -> None:
     # And the farm's services, the worker started before its bed exists
     stack.run("up", "-d", *FARM_SERVICES)
     waiting = _wait_for_log(stack, "worker-bed-1", "bed bed-1 is not enrolled yet")
-    # When the bed host's key is pinned (as an operator who checked it would) and the bed is
-    # enrolled and escrowed from the worker's container
+    # When the bed is enrolled from the worker's container, its host key pinned on first use
+    # (the key folder is read-only there, its known_hosts writable), and escrowed
     host_key = stack.farm("sshbed", "cat", "/etc/ssh/ssh_host_ed25519_key.pub").split()[:2]
-    (stack.ssh_dir / "known_hosts").write_text(f"sshbed {' '.join(host_key)}\n")
-    added = stack.farm("worker-bed-1", *ENROL)
+    enrolled = stack.run("exec", "-T", "worker-bed-1", *ENROL, "--trust-host-key")
+    added = enrolled.stdout
     assert "bed bed-1 added to pool" in added and "apg@sshbed:22" in added
+    assert "pinned the host key of sshbed" in enrolled.stderr
+    assert (stack.ssh_dir / "known_hosts").read_text() == f"sshbed {' '.join(host_key)}\n"
+    for path in ("/home/farm/.ssh/id_ed25519", "/home/farm/.ssh/planted"):
+        written = stack.run(
+            "exec", "-T", "worker-bed-1", "sh", "-c", f"echo x >> {path}", check=False
+        )
+        assert written.returncode != 0 and "Read-only file system" in written.stderr, written
     escrowed = stack.farm("worker-bed-1", "apg-farm", "bed", "escrow", "bed-1")
     assert "escrow set /srv/apg-escrow/bed-1/" in escrowed
     # Then the waiting worker starts, having said once that it waits, and was never restarted
@@ -238,13 +276,26 @@ def test_the_stack_runs_a_sweep_on_an_ssh_bed_end_to_end(stack: Stack) -> None:
     assert set(report["outcomes"]) <= {"PASSED", "FAILED"}, report["outcomes"]
     beds = json.loads(stack.farm("scheduler", "apg-farm", "bed", "list", "--json"))
     assert [(b["name"], b["state"]) for b in beds] == [("bed-1", "active")], beds
-    # And Flower and the dashboard answer on the host's loopback
-    assert _status(stack.flower_port) == 200
+    # And Flower asks for credentials, and with the ones made on its first start shows each
+    # attempt's task with the attempt's outcome in its result, not only SUCCESS
+    assert _status(stack.flower_port) == 401
+    credentials = stack.farm("flower", "cat", "/home/farm/.apg-farm/flower-auth").strip()
+    assert credentials.startswith("farm:") and len(credentials) > 30
+    assert _status(stack.flower_port, credentials=credentials + "x") == 401
+    assert _status(stack.flower_port, credentials=credentials) == 200
+    tasks = _flower_tasks(stack.flower_port, credentials, expect=4)
+    shown = Counter(str(result["outcome"]) for _, result in tasks)
+    assert {state for state, _ in tasks} == {"SUCCESS"}
+    assert shown == Counter(report["outcomes"]), (shown, report["outcomes"])
+    # And the dashboard answers on the host's loopback, its token not in its log
     assert _status(stack.dashboard_port) < 500
+    token = stack.farm("dashboard", "cat", "/home/farm/.apg-farm/dashboard-token").strip()
+    assert "dashboard-token (mode 0600)" in stack.logs("dashboard")
     # And neither the database password nor the SSH private key is in a log or on the bed
     private_key = "".join((stack.ssh_dir / "id_ed25519").read_text().splitlines()[1:-1])
     everything = stack.logs()
     assert stack.password not in everything
+    assert credentials.partition(":")[2] not in everything and token not in everything
     assert private_key[:40] not in everything.replace("\n", "")
     packed = stack.farm("sshbed", "sh", "-c", "tar -C / -cf - srv home/apg | base64")
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(packed))) as tar:

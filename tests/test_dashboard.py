@@ -12,6 +12,8 @@ import re
 import stat
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from sqlalchemy import func, select
 
 from apg_farm.dashboard import (
     CSP,
+    FAILED_LOGIN_DELAY,
     Guard,
     attempt_detail,
     attempts_page,
@@ -431,20 +434,78 @@ def test_read_only_public_browsing_keeps_actions_behind_the_token(
         assert _state(farm.store, finished)[0] == "open"
 
 
-def test_a_generated_token_is_printed_once(farm: DashFarm, tmp_path: Path) -> None:
+def test_a_generated_token_is_never_printed(farm: DashFarm, tmp_path: Path) -> None:
+    """A service's output ends up in `docker compose logs`: the first start makes the token file
+    (0600) and prints only its path; the token in it logs in."""
     token_file = farm.home / "dashboard-token"
     token_file.unlink(missing_ok=True)
     with serving(farm, tmp_path / "first.log", token=None) as first:
         token = token_file.read_text().strip()
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
-        assert first.output().count(token) == 1
         client = Client(first.url)
         assert client.login(token).status == 303
         assert client.get("/beds").status == 200
+        assert token not in first.output()
+        assert f"made in {token_file} (mode 0600); read it with: cat {token_file}" in first.output()
     with serving(farm, tmp_path / "second.log", token=None) as second:
         assert token not in second.output()
         assert str(token_file) in second.output()
         assert Client(second.url).login(token).status == 303
+
+
+def test_the_access_log_records_paths_without_query_strings(server: Server) -> None:
+    """uvicorn's access line has the method, the path and the status; a query string (what a user
+    typed into a filter, a `next` page) never reaches the log."""
+    client = Client(server.url)
+    client.login()
+    assert client.get("/sweeps?before=424242&marker=q-secret-1").status == 200
+    assert client.get("/login?next=/beds%3Fq%3Dq-secret-2").status == 200
+    deadline = time.monotonic() + 10
+    while '"GET /login HTTP/1.1" 200' not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = server.output()
+    assert '"GET /sweeps HTTP/1.1" 200' in log
+    assert '"GET /login HTTP/1.1" 200' in log
+    assert "q-secret" not in log and "424242" not in log
+    access = [line for line in log.splitlines() if ' HTTP/1.1" ' in line]
+    assert access and not [line for line in access if "?" in line]
+
+
+def _at_once(calls: list[Any]) -> tuple[float, list[Any]]:
+    """Run the calls in threads started together; the seconds until the last one ended."""
+    results: list[Any] = [None] * len(calls)
+    start = threading.Barrier(len(calls) + 1)
+
+    def run(index: int) -> None:
+        start.wait()
+        results[index] = calls[index]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.monotonic()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - began, results
+
+
+def test_wrong_tokens_cost_half_a_second_each_one_at_a_time(server: Server) -> None:
+    """Four wrong tokens sent at once, in the login form or as a Bearer header, take at least
+    4 x 0.5 s: guesses queue, they do not run side by side. The right token still logs in."""
+    clients = [Client(server.url) for _ in range(4)]
+    forms = [{"csrf": c.csrf(), "token": "x" * 43, "next": "/sweeps"} for c in clients]
+    logins = [lambda c=c, f=f: c.post("/login", f) for c, f in zip(clients, forms, strict=True)]
+    took, replies = _at_once(logins)
+    assert [r.status for r in replies] == [401] * 4
+    assert took >= 4 * FAILED_LOGIN_DELAY, took
+
+    wrong = {"Authorization": "Bearer " + "y" * 43}
+    reads = [lambda: Client(server.url).get("/api/sweeps", headers=wrong) for _ in range(4)]
+    took, replies = _at_once(reads)
+    assert [r.status for r in replies] == [401] * 4
+    assert took >= 4 * FAILED_LOGIN_DELAY, took
+    assert Client(server.url).login().status == 303
 
 
 def test_the_reads_on_both_backends(store: Store, tmp_path: Path) -> None:

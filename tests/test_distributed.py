@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -224,3 +227,82 @@ def test_maintenance_goes_to_the_beds_own_worker(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("healthy")
+
+
+class _Events:
+    """The workers' task-succeeded events, as Flower receives them (a Celery event consumer).
+
+    One subscription for the whole test: Redis delivers events by publish/subscribe, so any
+    moment without one would lose them. A worker's online or heartbeat event shows it is live.
+    """
+
+    def __init__(self, redis: RedisServer) -> None:
+        self.app = celery_app(redis)
+        self.results: dict[str, str] = {}
+        self.worker_seen = threading.Event()
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+
+    def __enter__(self) -> _Events:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(timeout=10)
+
+    def _listen(self) -> None:
+        def succeeded(event: dict[str, Any]) -> None:
+            self.results[event["uuid"]] = event["result"]
+
+        def worker(event: dict[str, Any]) -> None:
+            self.worker_seen.set()
+
+        handlers = {
+            "task-succeeded": succeeded,
+            "worker-online": worker,
+            "worker-heartbeat": worker,
+        }
+        with self.app.connection() as connection:
+            self._receiver = self.app.events.Receiver(connection, handlers=handlers)
+            self._receiver.capture(limit=None, timeout=None, wakeup=False)
+
+
+def test_each_tasks_result_names_the_attempts_outcome(
+    celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
+) -> None:
+    """What Flower shows of each run_attempt (its task-succeeded event) holds the attempt's
+    outcome, FAILED included, not only the task's SUCCESS; a duplicate message says it was
+    dropped, with no outcome."""
+    store, workers = celery_farm
+    beds = make_beds(store, tmp_path, 1)
+    sweep_id = submit(store, spec("flower", tasks=3, models=2, trials=2)).sweep_id
+    with _Events(redis) as events:
+        workers.start(beds[0].name)
+        assert events.worker_seen.wait(120), workers.logs()
+        app = celery_app(redis)
+        assert publish_attempts(store, app, range(1, 13)) == 12
+        wait_done(store, sweep_id, redis, workers)
+        app.send_task("apg_farm.run_attempt", args=(1,), queue=pool_queue(beds[0].pool))
+        deadline = time.monotonic() + 60
+        while len(events.results) < 13 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    results = [ast.literal_eval(text) for text in events.results.values()]
+    ran = {r["attempt"]: r for r in results if r["ended"] == "recorded"}
+    with store.read() as session:
+        outcomes = {a.id: a.outcome for a in session.scalars(select(Attempt))}
+    assert {a: r["outcome"] for a, r in ran.items()} == outcomes, workers.logs()
+    assert {"PASSED", "FAILED"} <= set(outcomes.values()), outcomes
+    assert all(r["bed"] == beds[0].name and r["sweep"] == "flower" for r in ran.values())
+    dropped = [r for r in results if r["ended"] == "dropped"]
+    assert dropped == [
+        {
+            "attempt": 1,
+            "outcome": None,
+            "ended": "dropped",
+            "bed": beds[0].name,
+            "refused": "not queued",
+            "detail": dropped[0]["detail"],
+        }
+    ], results

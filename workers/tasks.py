@@ -63,6 +63,48 @@ HAND_BACK_DELAY = 1.0
 LEASE_WAITS = 3
 
 
+#: What a run_attempt task returns. Celery keeps no result (the store is the truth), but the
+#: task-succeeded event carries it, so Flower and `celery events` show how the attempt ended:
+#: every task that did not crash is SUCCESS there, a FAILED or TAMPERED outcome included.
+TaskResult = dict[str, str | int | None]
+
+
+def ran_result(bed: str, report: AttemptReport) -> TaskResult:
+    """A claimed attempt: its outcome when final, else whether it went back to the queue or was
+    lost (its lease taken over)."""
+    claim = report.claim
+    if report.outcome is not None:
+        ended = "recorded"
+    elif report.lost:
+        ended = "lost"
+    else:
+        ended = "requeued"
+    return {
+        "attempt": claim.attempt_id,
+        "outcome": str(report.outcome) if report.outcome is not None else None,
+        "ended": ended,
+        "bed": bed,
+        "sweep": claim.sweep_name,
+        "task": claim.task,
+        "model": claim.model,
+        "trial": claim.trial,
+        "execution": claim.execution_number,
+        "run_id": report.run_id,
+    }
+
+
+def refused_result(bed: str, attempt_id: int, refusal: Refusal, *, handed_back: bool) -> TaskResult:
+    """A message this bed took nothing for: no outcome, and why."""
+    return {
+        "attempt": attempt_id,
+        "outcome": None,
+        "ended": "handed back" if handed_back else "dropped",
+        "bed": bed,
+        "refused": str(refusal.why),
+        "detail": refusal.detail[:200],
+    }
+
+
 class WorkerRuntime:
     """What one worker process holds: its store connection and its bed's engine."""
 
@@ -76,7 +118,7 @@ class WorkerRuntime:
             lease_seconds=load_settings().lease_seconds,
         )
 
-    def run_attempt(self, app: Celery, attempt_id: int, hostname: str | None) -> str:
+    def run_attempt(self, app: Celery, attempt_id: int, hostname: str | None) -> TaskResult:
         """Run the attempt if this bed may take it; otherwise make sure it is not lost."""
         self._canary_if_due()
         taken = self._take(attempt_id)
@@ -87,7 +129,7 @@ class WorkerRuntime:
             # claim order (an attempt an infrastructure failure requeued comes first there; one
             # after provider trouble waits out its back-off and is sent then).
             self._top_up(app)
-            return str(report.outcome or ("lost" if report.lost else "retry"))
+            return ran_result(self.bed_name, report)
         refusal = taken
         if refusal.why in (Why.BED_INACTIVE, Why.EXCLUDED):
             if refusal.why == Why.EXCLUDED:
@@ -95,13 +137,13 @@ class WorkerRuntime:
             # Handed back: the new message takes the spent one's place in the window.
             self._publish(app, attempt_id)
             self._stop_if_inactive(app, hostname)
-            return str(refusal)[:200]
+            return refused_result(self.bed_name, attempt_id, refusal, handed_back=True)
         # PAUSED and WAITING are dropped, not handed back: the attempt is sent again once it may
         # run, instead of every idle worker passing it round while a budget or a back-off holds.
         # NOT_QUEUED and SWEEP_CLOSED: a duplicate message, nothing to do. Either way the spent
         # message's place in the window goes to the next attempt that may run.
         self._top_up(app)
-        return str(refusal)[:200]
+        return refused_result(self.bed_name, attempt_id, refusal, handed_back=False)
 
     def _canary_if_due(self) -> None:
         """The bed's canary before its next claim, when one is due: a bed it quarantines refuses
@@ -245,8 +287,9 @@ def _process_exit(**_: Any) -> None:
 
 
 @shared_task(name=RUN_ATTEMPT, bind=True)
-def run_attempt(self: Task, attempt_id: int) -> str:
-    """Claim and run one attempt on this worker's bed; a duplicate message does nothing."""
+def run_attempt(self: Task, attempt_id: int) -> TaskResult:
+    """Claim and run one attempt on this worker's bed; a duplicate message does nothing. The
+    result (shown by Flower) names the attempt's outcome."""
     return runtime().run_attempt(self.app, attempt_id, self.request.hostname)
 
 

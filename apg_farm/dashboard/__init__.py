@@ -14,6 +14,7 @@ from apg_farm.dashboard.app import CSP, create_app
 from apg_farm.dashboard.auth import (
     CSRF_COOKIE,
     CSRF_FIELD,
+    FAILED_LOGIN_DELAY,
     SESSION_COOKIE,
     TOKEN_ENV,
     TOKEN_FILE,
@@ -35,6 +36,7 @@ __all__ = [
     "CSP",
     "CSRF_COOKIE",
     "CSRF_FIELD",
+    "FAILED_LOGIN_DELAY",
     "LOOPBACK_HOSTS",
     "SESSION_COOKIE",
     "TOKEN_ENV",

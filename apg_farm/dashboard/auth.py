@@ -1,14 +1,16 @@
 """Who may use the dashboard: the operator's token, a session cookie, and CSRF tokens.
 
 The token comes from APG_FARM_DASHBOARD_TOKEN, or from `$APG_FARM_HOME/dashboard-token` (0600),
-generated on first start. The browser never holds the token itself after logging in: the session
+generated on first start and never printed (only its path is). The browser never holds the token itself after logging in: the session
 cookie is a random id signed with a key derived from the token (so changing the token ends every
 session), and each form carries a CSRF token derived from a second, per-browser cookie. Every
-comparison of secrets is `hmac.compare_digest`; nothing here logs or returns the token.
+comparison of secrets is `hmac.compare_digest`; nothing here logs or returns the token. A wrong
+token (in the login form or a Bearer header) costs FAILED_LOGIN_DELAY, one wrong token at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
@@ -34,6 +36,8 @@ CSRF_FIELD = "csrf"
 MIN_TOKEN_LENGTH = 16
 #: A login lasts this long (seconds), then the operator logs in again.
 SESSION_SECONDS = 12 * 3600
+#: Seconds a wrong token costs; wrong tokens pay one after another, never at once.
+FAILED_LOGIN_DELAY = 0.5
 
 
 @dataclass(frozen=True)
@@ -128,3 +132,19 @@ class Guard:
         if not header or not header.startswith("Bearer "):
             return False
         return self.token_matches(header[len("Bearer ") :])
+
+
+class FailedLogins:
+    """Makes each wrong token wait its turn, then FAILED_LOGIN_DELAY: N guesses cost N times
+    the delay however many connections send them at once. A right token never waits in line."""
+
+    def __init__(self, delay: float = FAILED_LOGIN_DELAY) -> None:
+        self.delay = delay
+        # Made on first use, inside the server's event loop.
+        self._lock: asyncio.Lock | None = None
+
+    async def penalize(self) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            await asyncio.sleep(self.delay)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from apg_farm.dashboard.auth import SESSION_COOKIE, Guard
+from apg_farm.dashboard.auth import SESSION_COOKIE, FailedLogins, Guard
 from apg_farm.store import Store
 
 #: Hosts a loopback-bound dashboard answers to: a page elsewhere that re-points its own name at
@@ -34,6 +34,7 @@ class Dashboard:
     store: Store
     guard: Guard
     options: Options = field(default_factory=Options)
+    failed_logins: FailedLogins = field(default_factory=FailedLogins)
 
 
 def dashboard_of(request: Request) -> Dashboard:
