@@ -12,10 +12,10 @@ index (pool, state, seq), and the broker is read only for a pool that has someth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from apg_farm.scheduler.publish import Sender
-from apg_farm.scheduler.window import WINDOW_PER_BED, top_up
+from apg_farm.scheduler.window import WINDOW_PER_BED, Window, top_up
 from apg_farm.settings import load_settings
 from apg_farm.store import Store, requeue_expired
 
@@ -26,9 +26,19 @@ class Reconciliation:
 
     expired: int
     resent: int
+    #: The pools whose queue was looked at (those with something to send), after the pass.
+    windows: tuple[Window, ...] = field(default=())
 
     def describe(self) -> str:
         return f"{self.expired} expired leases returned, {self.resent} messages sent"
+
+    def pass_line(self) -> str:
+        """What the pass did, pool by pool: the scheduler logs one such line per pass."""
+        pools = "; ".join(
+            f"pool {w.pool}: {w.sent} sent, {w.waiting} waiting of a window of {w.size}"
+            for w in self.windows
+        )
+        return f"{self.describe()}; " + (pools or "no pool had anything to send")
 
 
 def reconcile(
@@ -46,7 +56,7 @@ def reconcile(
     if per_bed is None:
         per_bed = _per_bed()
     windows = top_up(store, app, broker_url, per_bed=per_bed, unacked_grace=unacked_grace)
-    return Reconciliation(expired, sum(w.sent for w in windows))
+    return Reconciliation(expired, sum(w.sent for w in windows), tuple(windows))
 
 
 def _per_bed() -> int:

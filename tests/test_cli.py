@@ -187,7 +187,7 @@ def test_readme_real_bed_flow(tmp_path: Path) -> None:
             escrow_set,
             "--host-only",  # the simulated bed in its host mode: no web container
         )
-    doctor = json.loads(farm(home, "bed", "doctor", "bed-1").stdout)
+    doctor = json.loads(farm(home, "bed", "doctor", "bed-1", "--json").stdout)
     assert doctor["healthy"] is True
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(

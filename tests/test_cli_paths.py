@@ -78,6 +78,9 @@ def test_submit_wait_runs_a_sweep_to_the_end_on_workers(
     done = _farm(workers.env, "sweep", "submit", str(_sweep_file(tmp_path, "waited")), "--wait")
     assert done.returncode == 0, done.stdout + done.stderr + workers.logs()
     assert "8 new attempts" in done.stdout
+    # It ends with the results table (#23), not only a progress bar.
+    assert "sweep waited" in done.stdout and "pass rate" in done.stdout
+    assert done.stdout.rstrip().endswith("the whole report: apg-farm report waited")
     assert sum(_outcomes(store, "waited").values()) == 8 and None not in _outcomes(store, "waited")
 
 

@@ -67,7 +67,7 @@ def test_remote_bed_from_add_to_a_refused_doctor(tmp_path: Path) -> None:
                     mounts=[bind(str(escrow_dir), "/mnt/escrow", rw=False)],
                 )
             )
-            doctor = farm(home, "bed", "doctor", "r0", check=1)
+            doctor = farm(home, "bed", "doctor", "r0", "--json", check=1)
         verdict = json.loads(doctor.stdout)
         assert verdict["healthy"] is True  # APG's own verdict stands beside the farm's check
         assert verdict["effective_mounts"]["escrow_reachable"] is True

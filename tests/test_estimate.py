@@ -289,7 +289,6 @@ def test_cli_dry_run_prints_the_estimate_and_stores_nothing(store: Store, tmp_pa
 
     wait = _cli(store, home, "sweep", "submit", str(file), "--dry-run", "--wait", code=2)
     assert "--dry-run" in wait.stderr and "--wait" in wait.stderr
-    assert "--dry-run" in _cli(store, home, "sweep", "submit", str(file), "--json", code=2).stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: s\ntasks: [t1]\nmodels: [m1]\ntrials: 0\ncolour: red\n")
     refused = _cli(store, home, "sweep", "submit", str(bad), "--dry-run", code=2)

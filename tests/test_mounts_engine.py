@@ -411,12 +411,12 @@ def test_bed_doctor_cli_against_the_real_engine(tmp_path: Path, run_web: Runner)
     ]
     farm(home, "bed", "add", name, *add)
     # Not started yet: said so, not refused.
-    waiting = farm(home, "bed", "doctor", name)
+    waiting = farm(home, "bed", "doctor", name, "--json")
     assert "no DDEV web container" in json.loads(waiting.stdout)["effective_mounts"]["reason"]
     assert "effective mounts not checked" in _words(waiting.stderr)
     # The project only: checked and healthy.
     clean = run_web(name, str(approot))
-    verdict = json.loads(farm(home, "bed", "doctor", name).stdout)
+    verdict = json.loads(farm(home, "bed", "doctor", name, "--json").stdout)
     assert verdict["healthy"] is True
     assert verdict["effective_mounts"]["checked"] is True
     assert verdict["effective_mounts"]["containers"] == [clean.name]
@@ -424,7 +424,7 @@ def test_bed_doctor_cli_against_the_real_engine(tmp_path: Path, run_web: Runner)
     # An add-on's compose file mounts the escrow folder: exit 1, refused, quarantined.
     clean.remove(force=True)
     leaky = run_web(name, str(approot), binds=((str(escrow_dir), "/mnt/escrow", True),))
-    doctor = farm(home, "bed", "doctor", name, check=1)
+    doctor = farm(home, "bed", "doctor", name, "--json", check=1)
     verdict = json.loads(doctor.stdout)
     assert verdict["healthy"] is True  # APG's own verdict stands beside the farm's check
     assert verdict["effective_mounts"]["containers"] == [leaky.name]

@@ -14,7 +14,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from apg_farm.cli.common import err, open_store, out, print_json, report_table
+from apg_farm.cli.common import (
+    err,
+    json_option,
+    machine_output,
+    open_store,
+    out,
+    pick_format,
+    print_json,
+    report_table,
+)
 from apg_farm.cli.distributed import sweep_without_worker
 from apg_farm.errors import BadInput, FarmError
 
@@ -123,8 +132,10 @@ def comparisons_table(report: dict[str, Any]) -> Table:
     return table
 
 
-def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None) -> None:
-    """`apg-farm report`: the sweep's results in one of FORMATS."""
+def report_command(
+    sweep_ref: str, fmt: str, output: Path | None, k: int | None, *, as_json: bool = False
+) -> None:
+    """`apg-farm report`: the sweep's results in one of FORMATS (--json is --format json)."""
     from apg_farm.results import (
         analyse,
         baseline_lines,
@@ -134,8 +145,7 @@ def report_command(sweep_ref: str, fmt: str, output: Path | None, k: int | None)
         stop_lines,
     )
 
-    if fmt not in FORMATS:
-        raise BadInput(f"unknown format {fmt!r}", field="--format", fix=f"use {', '.join(FORMATS)}")
+    fmt = pick_format(fmt, as_json, FORMATS)
     if k is not None and k < 1:
         raise BadInput("k must be at least 1", field="--k")
     store = open_store()
@@ -169,6 +179,8 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
     from apg_farm.results import find_sweep, render_watch, watch_snapshot
     from apg_farm.scheduler import sweep_status
 
+    if as_json:
+        machine_output()
     store = open_store()
     sweep_id = find_sweep(store, sweep_ref).id
     if as_json:
@@ -361,11 +373,14 @@ ACROSS_HELP = (
 def compare_cmd(
     a: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
     b: Annotated[str, typer.Argument(help="Sweep id or name, or a baseline JSON file.")],
-    fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    fmt: Annotated[
+        str, typer.Option("--format", help="table or json (json: the same as --json)")
+    ] = "table",
     max_cost_increase: Annotated[
         str | None, typer.Option(help=COST_HELP, metavar="FRACTION")
     ] = None,
     across_baselines: Annotated[bool, typer.Option("--across-baselines", help=ACROSS_HELP)] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Compare two sweeps (or a sweep and a baseline): pass rates, B − A with 95 % intervals; with --max-cost-increase, exit 1 when a model's cost per execution rose by more."""
     from apg_farm.results import (
@@ -377,8 +392,7 @@ def compare_cmd(
         stop_lines,
     )
 
-    if fmt not in ("table", "json"):
-        raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use table or json")
+    fmt = pick_format(fmt, as_json, ("table", "json"))
     allowed = parse_cost_increase(max_cost_increase)
     side_a, side_b = load_side(a, open_store), load_side(b, open_store)
     crossing = refuse_across_baselines(
@@ -480,9 +494,14 @@ def baseline_list(
     directory: Annotated[Path, typer.Option("--dir", help="Folder of baselines.")] = Path(
         "baselines"
     ),
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """The baselines in a folder, with their sweep, size and whether they verify."""
     from apg_farm.results import load_baseline
+
+    if as_json:
+        print_json([_baseline_row(path) for path in sorted(directory.glob("*.json"))])
+        return
 
     table = Table(title=f"baselines in {directory}")
     for column in ("name", "sweep", "promoted", "cells", "indispensable", "verifies"):
@@ -503,6 +522,32 @@ def baseline_list(
             "[red]no[/]" if loaded.problems else "yes",
         )
     out.print(table)
+
+
+def _baseline_row(path: Path) -> dict[str, Any]:
+    """One baseline of `baseline list --json`: what the table shows, problems named."""
+    from apg_farm.results import load_baseline
+
+    try:
+        loaded = load_baseline(path)
+    except BadInput as error:
+        return {
+            "name": path.stem,
+            "path": str(path),
+            "verifies": False,
+            "problems": [error.message],
+        }
+    doc = loaded.doc
+    return {
+        "name": doc.get("name"),
+        "path": str(path),
+        "sweep": doc["sweep"].get("name"),
+        "promoted_at": doc.get("promoted_at"),
+        "cells": len(doc["cells"]),
+        "indispensable": list(doc.get("indispensable", {})),
+        "verifies": not loaded.problems,
+        "problems": list(loaded.problems),
+    }
 
 
 def check_cmd(
@@ -531,7 +576,9 @@ def check_cmd(
         list[str] | None,
         typer.Option("--indispensable", help="More indispensable tasks: TASK or TASK=MIN_RATE."),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="text or json")] = "text",
+    fmt: Annotated[
+        str, typer.Option("--format", help="text or json (json: the same as --json)")
+    ] = "text",
     max_cost_increase: Annotated[
         str | None, typer.Option(help=COST_HELP, metavar="FRACTION")
     ] = None,
@@ -539,6 +586,7 @@ def check_cmd(
         str | None, typer.Option(help=RERUN_HELP, metavar="FRACTION")
     ] = None,
     across_baselines: Annotated[bool, typer.Option("--across-baselines", help=ACROSS_HELP)] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Regression gate: exit 0 if the candidate holds up, 1 on a regression (pass rate, cost with --max-cost-increase, re-runs after the agent started with --max-rerun-share), a new indispensable failure or evidence that does not verify, 2 on bad input."""
     from apg_farm.results import (
@@ -551,8 +599,7 @@ def check_cmd(
         refuse_across_baselines,
     )
 
-    if fmt not in ("text", "json"):
-        raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
+    fmt = pick_format(fmt, as_json, ("text", "json"))
     if plain_tolerance and significant_only:
         raise BadInput(
             "--plain-tolerance counts every drop beyond the tolerance; --significant-only only "
@@ -615,13 +662,27 @@ def seal_cmd(
         typer.Option("--dir", help="Folder for the manifest [default: $APG_FARM_HOME/seals]."),
     ] = None,
     replace: Annotated[bool, typer.Option(help="Reseal a sealed sweep deliberately.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Seal a finished sweep: a manifest with the sha256 of every stored artifact; no new executions."""
     from apg_farm.results import find_sweep, seal, seal_directory
 
+    if as_json:
+        machine_output()
     store = open_store()
     target = find_sweep(store, sweep)
     sealed = seal(store, target.id, directory=directory or seal_directory(), replace=replace)
+    if as_json:
+        print_json(
+            {
+                "sweep": target.name,
+                "id": target.id,
+                "artifacts": sealed.artifacts,
+                "manifest": str(sealed.path),
+                "sha256": sealed.sha256,
+            }
+        )
+        return
     out.print(
         escape(
             f"sealed sweep {target.name}: {sealed.artifacts} artifacts; manifest {sealed.path} "
@@ -636,13 +697,33 @@ def verify_cmd(
     manifest: Annotated[
         Path | None, typer.Option(help="The manifest, if it moved since sealing.")
     ] = None,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Check a sealed sweep against its manifest; exit 1 naming anything missing, changed or added."""
     from apg_farm.results import find_sweep, verify_seal
 
+    if as_json:
+        machine_output()
     store = open_store()
     target = find_sweep(store, sweep)
     result = verify_seal(store, target, manifest=manifest)
+    if as_json:
+        print_json(
+            {
+                "sweep": target.name,
+                "id": target.id,
+                "ok": result.ok,
+                "checked": result.checked,
+                "manifest": str(result.manifest) if result.manifest else None,
+                "problems": result.problems,
+                "missing": result.missing,
+                "changed": result.changed,
+                "added": result.added,
+            }
+        )
+        if not result.ok:
+            raise typer.Exit(1)
+        return
     if result.ok:
         out.print(
             escape(
@@ -676,6 +757,7 @@ def export_cmd(
             help="Write into a folder that is not empty, replacing files of the same name.",
         ),
     ] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Export every graded envelope verbatim and one aggregate envelope per (task, model)
     (--eee), or the sweep as Inspect eval logs (--inspect), or both. A folder that holds
@@ -695,8 +777,11 @@ def export_cmd(
                 "name are replaced, the others left",
                 soft_wrap=True,
             )
+    if as_json:
+        machine_output()
     store = open_store()
     target = find_sweep(store, sweep)
+    done: dict[str, Any] = {"sweep": target.name, "id": target.id, "eee": None, "inspect": None}
     if eee is not None:
         try:
             result = export_eee(store, target, eee)
@@ -706,6 +791,12 @@ def export_cmd(
                 field="--eee",
                 fix="give a folder you can write",
             ) from None
+        done["eee"] = {
+            "dir": str(eee),
+            "attempts": result.attempts,
+            "aggregates": result.aggregates,
+            "skipped": result.skipped,
+        }
         out.print(
             f"exported {result.attempts} attempt envelopes and {result.aggregates} aggregates to {eee}"
         )
@@ -728,9 +819,16 @@ def export_cmd(
                 field="--inspect",
                 fix="give a folder you can write",
             ) from None
+        done["inspect"] = {
+            "dir": str(inspect),
+            "samples": written.samples,
+            "logs": [str(log) for log in written.logs],
+        }
         out.print(
             f"wrote {written.samples} samples in {len(written.logs)} Inspect logs to {inspect}"
         )
+    if as_json:
+        print_json(done)
 
 
 def _export_folder(flag: str, folder: Path, *, force: bool) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -12,8 +13,25 @@ from rich.table import Table
 
 from apg_farm.cli import analysis as analysis_cli
 from apg_farm.cli import budget, canary, distributed, grow, pool, remote, sweep_file
-from apg_farm.cli.common import err, open_store, out, print_json, report_table
-from apg_farm.cli.running import bed_doctor, execute_sweep
+from apg_farm.cli.common import (
+    err,
+    human_output,
+    json_option,
+    machine_output,
+    open_store,
+    out,
+    print_json,
+    report_table,
+)
+from apg_farm.cli.completion import (
+    completing,
+    completion_option,
+    install_completion,
+    register_completion_classes,
+    show_completion,
+)
+from apg_farm.cli.logs import configure_logging, pick_level
+from apg_farm.cli.running import bed_doctor, doctor_lines, execute_sweep, interrupted_lines
 from apg_farm.defaults import MAX_ATTEMPTS
 from apg_farm.errors import BadInput, FarmError
 
@@ -27,7 +45,10 @@ app = typer.Typer(
     help="Run AI-agent evaluation sweeps on a pool of ai_proving_ground beds.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Ours take the shell's name (completion.py).
     add_completion=False,
+    # `-h` beside `--help` on every command: subcommands inherit the root's help option names.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 bed_app = typer.Typer(help="Enrol, inspect and release beds.", no_args_is_help=True)
 sweep_app = typer.Typer(help="Submit, watch and cancel sweeps.", no_args_is_help=True)
@@ -40,6 +61,70 @@ grow.register(bed_app)
 budget.register(app)
 pool.register(app)
 app.add_typer(db_app, name="db")
+
+log = logging.getLogger(__name__)
+
+
+def _show_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        out.print(f"apg-farm {version('apg-farm')}", markup=False)
+    except PackageNotFoundError:
+        out.print("apg-farm (version unknown: the package is not installed)", markup=False)
+    raise typer.Exit()
+
+
+@app.callback()
+def farm_options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print apg-farm's version and exit.",
+        ),
+    ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            show_default=False,
+            help="Log more: the farm's debug lines as well.",
+        ),
+    ] = 0,
+    quiet: Annotated[
+        int,
+        typer.Option("--quiet", "-q", count=True, show_default=False, help="Log errors only."),
+    ] = 0,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            metavar="LEVEL",
+            help="The farm's log level: debug, info (the default), warning or error.",
+        ),
+    ] = None,
+    show_completion: Annotated[
+        str | None,
+        completion_option("--show-completion", show_completion, "Print the completion script"),
+    ] = None,
+    install_completion: Annotated[
+        str | None,
+        completion_option(
+            "--install-completion", install_completion, "Install the completion script"
+        ),
+    ] = None,
+) -> None:
+    # Options given before the command (`apg-farm -v run FILE`): they set the farm's loggers.
+    level = pick_level(verbose=verbose, quiet=quiet, log_level=log_level)
+    configure_logging(level)
+    log.debug("log level %s", logging.getLevelName(level))
 
 
 def _split(value: str, field: str) -> tuple[str, ...]:
@@ -171,7 +256,7 @@ def bed_add(
 
 @bed_app.command("list")
 def bed_list(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """List beds, their pool and state (and, with a broker, whether each has a live worker)."""
     from apg_farm.beds import list_beds
@@ -257,8 +342,12 @@ def bed_doctor_cmd(
     dataset: Annotated[
         str | None, typer.Option(help="With --canary and --task: the dataset named with it.")
     ] = None,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
-    """Run `ddev ai-eval-doctor` on the bed and show its verdict (or, with --canary, its canary)."""
+    """Run `ddev ai-eval-doctor` on the bed and show its verdict (or, with --canary, its canary).
+
+    Exit 0 healthy, 1 not; --json prints the whole verdict (APG's checks and the effective
+    mounts)."""
     from apg_farm.beds import get_bed
 
     if (task or dataset) and not run_canary:
@@ -270,17 +359,27 @@ def bed_doctor_cmd(
                 field="--via-worker",
                 fix="drop --via-worker",
             )
-        canary.doctor_canary(name, task=task, dataset=dataset)
+        canary.doctor_canary(name, task=task, dataset=dataset, as_json=as_json)
         return
+    if as_json:
+        machine_output()
     store = open_store()
     if via_worker:
         event = distributed.maintenance_via_worker(store, get_bed(store, name), "doctor")
-        out.print(event)
-        if not event.startswith("healthy"):
+        healthy = event.startswith("healthy")
+        if as_json:
+            print_json({"bed": name, "healthy": healthy, "event": event})
+        else:
+            out.print(event, markup=False, soft_wrap=True)
+        if not healthy:
             raise typer.Exit(1)
         return
     healthy, verdict = bed_doctor(store, get_bed(store, name))
-    print_json(verdict)
+    if as_json:
+        print_json(verdict)
+    else:
+        for line in doctor_lines(name, healthy, verdict):
+            out.print(line, markup=False, soft_wrap=True)
     if not healthy:
         raise typer.Exit(1)
 
@@ -309,7 +408,11 @@ def sweep_submit(
         ),
     ] = False,
     as_json: Annotated[
-        bool, typer.Option("--json", help="With --dry-run: the estimate as JSON.")
+        bool,
+        json_option(
+            "Print one JSON document on stdout and nothing else there: the estimate with "
+            "--dry-run, {ok, submitted, report} with --wait, else {submitted, dispatched}."
+        ),
     ] = False,
     detect: Annotated[
         float | None,
@@ -350,6 +453,8 @@ def sweep_submit(
     with --detect, also the trials a paired comparison of the models needs, and their price.
     A sweep of more than 1,000,000 attempts is refused unless --max-attempts allows it; one of
     more than 100,000 is submitted only with --yes (or a yes at the terminal's question)."""
+    from dataclasses import asdict
+
     from apg_farm.scheduler import check_flags, estimate_sweep, plan_power
 
     if dry_run and wait:
@@ -358,8 +463,8 @@ def sweep_submit(
             field="--dry-run",
             fix="drop --wait, or --dry-run to submit",
         )
-    if as_json and not dry_run:
-        raise BadInput("--json goes with --dry-run", field="--json", fix="add --dry-run")
+    if as_json:
+        machine_output()
     wanted = check_flags(
         dry_run=dry_run,
         detect=detect,
@@ -392,19 +497,21 @@ def sweep_submit(
             if plan is not None:
                 out.print(plan.describe(), markup=False, soft_wrap=True)
         return
+    if wait and not distributed.broker_configured():
+        raise BadInput(
+            "--wait needs a broker",
+            field="APG_FARM_BROKER_URL",
+            fix="or use `apg-farm run FILE`",
+        )
     result = _submit_spec(store, spec)
-    if not distributed.broker_configured():
-        if wait:
-            raise BadInput(
-                "--wait needs a broker",
-                field="APG_FARM_BROKER_URL",
-                fix="or use `apg-farm run FILE`",
-            )
-        out.print("no broker configured: run it with `apg-farm run FILE` (embedded)")
+    if wait:
+        # As `run` on the workers: dispatch, wait, then the results table (or the JSON).
+        _run_to_the_end(store, result.sweep_id, as_json=as_json, submitted=result)
         return
-    out.print(distributed.dispatch(store))
-    if wait and not distributed.wait_for_sweep(store, result.sweep_id):
-        raise typer.Exit(1)
+    dispatched = distributed.dispatch(store) if distributed.broker_configured() else None
+    out.print(dispatched or "no broker configured: run it with `apg-farm run FILE` (embedded)")
+    if as_json:
+        print_json({"submitted": asdict(result), "dispatched": dispatched})
 
 
 @sweep_app.command("retry")
@@ -435,7 +542,7 @@ def sweep_retry(
 @sweep_app.command("status")
 def sweep_status_cmd(
     sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, json_option()] = False,
     watch: Annotated[bool, typer.Option(help="Redraw until the sweep is done.")] = False,
     interval: Annotated[float, typer.Option(min=0.5, help="Seconds between redraws.")] = 2.0,
 ) -> None:
@@ -481,32 +588,47 @@ def sweep_set_priority(
         out.print(distributed.dispatch(store))
 
 
+#: --json of the commands that run a sweep to its end.
+RUN_JSON_HELP = (
+    "At the end, print one JSON document on stdout ({ok, submitted, report}) and nothing else "
+    "there; the progress and messages go to stderr."
+)
+
+
 @app.command("run")
 def run_cmd(
     file: Path,
     max_attempts: sweep_file.MaxAttempts = MAX_ATTEMPTS,
     yes: sweep_file.Yes = False,
+    as_json: Annotated[bool, json_option(RUN_JSON_HELP)] = False,
 ) -> None:
-    """Submit a sweep file and run it to the end (embedded, or on the workers when a broker is set).
+    """Submit a sweep file and run it to the end (embedded, or on the workers when a broker is set),
+    then print the results table. Ctrl-C stops it and says how to resume.
 
     The same limits as `sweep submit`: over 1,000,000 attempts needs --max-attempts, over
     100,000 needs --yes."""
+    if as_json:
+        machine_output()
     spec = sweep_file.read_sweep(file, max_attempts=max_attempts, yes=yes)
     store = open_store(create=True)
-    _run_to_the_end(store, _submit_spec(store, spec).sweep_id)
+    submitted = _submit_spec(store, spec)
+    _run_to_the_end(store, submitted.sweep_id, as_json=as_json, submitted=submitted)
 
 
 @app.command("report")
 def report_cmd(
     sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
-    fmt: Annotated[str, typer.Option("--format", help="table, json, csv or html")] = "table",
+    fmt: Annotated[
+        str, typer.Option("--format", help="table, json, csv or html (json: the same as --json)")
+    ] = "table",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write to this file, not stdout.")
     ] = None,
     k: Annotated[int | None, typer.Option(help="k of pass@k and pass^k (default 5).")] = None,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Per-model, per-task results with Wilson 95 % intervals, pass@k and model comparisons."""
-    analysis_cli.report_command(sweep, fmt, output, k)
+    analysis_cli.report_command(sweep, fmt, output, k, as_json=as_json)
 
 
 @app.command("demo")
@@ -543,12 +665,19 @@ def demo_cmd(
 
 
 @sweep_app.command("resume")
-def sweep_resume(sweep: Annotated[str, typer.Argument(help="Sweep id or name.")]) -> None:
-    """Run what is left of a sweep (after an interruption, a retry or a bed release)."""
+def sweep_resume(
+    sweep: Annotated[str, typer.Argument(help="Sweep id or name.")],
+    as_json: Annotated[bool, json_option(RUN_JSON_HELP)] = False,
+) -> None:
+    """Run what is left of a sweep (after an interruption, a retry or a bed release), then print
+    the results table. Attempts an interrupted run left holding beds are waited for (it says so)
+    until their lease runs out (APG_FARM_LEASE_SECONDS)."""
     from apg_farm.results import find_sweep
 
+    if as_json:
+        machine_output()
     store = open_store()
-    _run_to_the_end(store, find_sweep(store, sweep).id)
+    _run_to_the_end(store, find_sweep(store, sweep).id, as_json=as_json)
 
 
 def _submit_spec(store: Store, spec: SweepSpec) -> Submission:
@@ -562,16 +691,36 @@ def _submit_spec(store: Store, spec: SweepSpec) -> Submission:
     return submission
 
 
-def _run_to_the_end(store: Store, sweep_id: int) -> None:
-    """Run what is left (on the workers when a broker is set, else here), then print the results."""
+def _run_to_the_end(
+    store: Store, sweep_id: int, *, as_json: bool = False, submitted: Submission | None = None
+) -> None:
+    """Run what is left (on the workers when a broker is set, else here), then print the results:
+    the table and how to see it again, or with --json one document. Ctrl-C says how to go on."""
+    from dataclasses import asdict
+
     from apg_farm.results import find_sweep, sweep_report
 
-    if distributed.broker_configured():
-        out.print(distributed.dispatch(store))
-        ok = distributed.wait_for_sweep(store, sweep_id)
+    sweep = find_sweep(store, str(sweep_id))
+    on_workers = distributed.broker_configured()
+    try:
+        if on_workers:
+            out.print(distributed.dispatch(store))
+            ok = distributed.wait_for_sweep(store, sweep_id)
+        else:
+            ok = execute_sweep(store, sweep_id)
+    except KeyboardInterrupt:
+        for line in interrupted_lines(store, sweep_id, sweep.name, distributed=on_workers):
+            err.print(line, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+    report = sweep_report(store, sweep)
+    if as_json:
+        print_json(
+            {"ok": ok, "submitted": asdict(submitted) if submitted else None, "report": report}
+        )
     else:
-        ok = execute_sweep(store, sweep_id)
-    out.print(report_table(sweep_report(store, find_sweep(store, str(sweep_id)))))
+        out.print(report_table(report))
+        # Never wrapped: it is copied and pasted.
+        out.print(f"the whole report: apg-farm report {sweep.name}", soft_wrap=True, markup=False)
     if not ok:
         raise typer.Exit(1)
 
@@ -628,8 +777,11 @@ except ImportError:  # pragma: no cover - an older typer
 
 def main() -> None:
     """Entry point: typed errors become a message and an exit code, never a traceback."""
+    if completing():
+        register_completion_classes()
+    human_output()
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="apg-farm")
     except FarmError as error:
         err.print(f"[red]error:[/] {error.render()}", soft_wrap=True)
         sys.exit(error.exit_code)
@@ -646,4 +798,6 @@ def main() -> None:
             "interrupted: running attempts keep their lease and return to the queue if abandoned"
         )
         sys.exit(130)
+    finally:
+        human_output()
     sys.exit(code if isinstance(code, int) else 0)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from apg_farm.cli.common import open_store, out, print_json
+from apg_farm.cli.common import json_option, machine_output, open_store, out, print_json
 from apg_farm.errors import BadInput
 
 budget_app = typer.Typer(
@@ -34,6 +34,7 @@ def budget_set(
         str | None, typer.Option(help="A sweep (id or name) whose budget --usd sets.")
     ] = None,
     usd: Annotated[float | None, typer.Option(help="The sweep's budget, in USD.")] = None,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Set caps. Raising one resumes what it paused at the next claim; nothing is resubmitted."""
     from apg_farm.results import find_sweep
@@ -50,6 +51,8 @@ def budget_set(
         raise BadInput(
             "nothing to set", field="--daily", fix="give --daily, --total, or --sweep with --usd"
         )
+    if as_json:
+        machine_output()
     store = open_store()
     for flag, value in caps.items():
         if value is not None:
@@ -58,7 +61,7 @@ def budget_set(
         found = find_sweep(store, sweep)
         set_sweep_budget(store, found.id, _usd(usd, "--usd"))
         out.print(f"sweep {found.name}: budget ${usd:,.2f}")
-    _show(store_status=budget_status(store))
+    _show(store_status=budget_status(store), as_json=as_json)
 
 
 @budget_app.command("clear")
@@ -68,6 +71,7 @@ def budget_clear(
     sweep: Annotated[
         str | None, typer.Option(help="Remove this sweep's budget (id or name).")
     ] = None,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Remove caps."""
     from apg_farm.results import find_sweep
@@ -81,24 +85,23 @@ def budget_clear(
             set_budget(store, scope, None)
     if sweep is not None:
         set_sweep_budget(store, find_sweep(store, sweep).id, None)
-    _show(store_status=budget_status(store))
+    _show(store_status=budget_status(store), as_json=as_json)
 
 
 @budget_app.command("show")
 def budget_show(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """The farm's caps and what was spent against them."""
     from apg_farm.store import budget_status
 
-    status = budget_status(open_store())
+    _show(store_status=budget_status(open_store()), as_json=as_json)
+
+
+def _show(*, store_status: dict[str, object], as_json: bool) -> None:
     if as_json:
-        print_json(status)
+        print_json(store_status)
         return
-    _show(store_status=status)
-
-
-def _show(*, store_status: dict[str, object]) -> None:
     table = Table(title=f"farm budget (UTC day {store_status['day']})")
     for name in ("cap", "spent", "limit"):
         table.add_column(name, justify="right" if name != "cap" else "left")

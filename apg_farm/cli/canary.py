@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from apg_farm.cli.common import err, open_store, out, print_json
+from apg_farm.cli.common import err, json_option, machine_output, open_store, out, print_json
 from apg_farm.errors import BadInput
 
 if TYPE_CHECKING:
@@ -43,8 +43,12 @@ def canary_cell(bed: Bed) -> str:
     return f"[{style}]{result}[/] {when} UTC ({found['count']} run, {found['failures']} failed)"
 
 
-def doctor_canary(name: str, *, task: str | None, dataset: str | None) -> None:
-    """`bed doctor NAME --canary`: the canary now, one line; exit 0 healthy, 1 otherwise."""
+def doctor_canary(
+    name: str, *, task: str | None, dataset: str | None, as_json: bool = False
+) -> None:
+    """`bed doctor NAME --canary`: the canary now, one line (or --json); exit 0 healthy, 1
+    otherwise."""
+    import dataclasses
     import os
     import socket
 
@@ -53,6 +57,8 @@ def doctor_canary(name: str, *, task: str | None, dataset: str | None) -> None:
     from apg_farm.workers import run_canary
 
     check_canary_config({"task": task, "dataset": dataset}, prefix="--")
+    if as_json:
+        machine_output()
     store = open_store()
     bed = get_bed(store, name)
     tasks, _ = canary_tasks(store, bed.id, task=task, dataset=dataset)
@@ -73,9 +79,14 @@ def doctor_canary(name: str, *, task: str | None, dataset: str | None) -> None:
         dataset=dataset,
         operator=True,
     )
-    if result.healthy:
+    if as_json:
+        print_json({**dataclasses.asdict(result), "healthy": result.healthy})
+    elif result.healthy:
         out.print(result.line(), soft_wrap=True, markup=False)
+    if result.healthy:
         return
+    if as_json:
+        raise typer.Exit(1)
     err.print(result.line(), soft_wrap=True, markup=False)
     raise typer.Exit(1)
 
@@ -106,7 +117,7 @@ def register(bed_app: typer.Typer) -> None:
         clear: Annotated[
             bool, typer.Option("--clear", help="Forget the bed's own settings: the farm's apply.")
         ] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+        as_json: Annotated[bool, json_option()] = False,
     ) -> None:
         """Set a bed's canary settings (over APG_FARM_CANARY_EVERY/_HOURS) and show its history."""
         from apg_farm.beds import get_bed

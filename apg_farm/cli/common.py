@@ -1,4 +1,4 @@
-"""What every command shares: the store, the consoles, printing a report."""
+"""What every command shares: the store, the consoles, printing a report, the JSON convention."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+import typer
 from rich.console import Console
 from rich.table import Table
+
+from apg_farm.errors import BadInput
 
 if TYPE_CHECKING:
     from apg_farm.store import Store
@@ -74,3 +77,39 @@ def print_json(data: Any) -> None:
     """Machine output: plain JSON on stdout, never wrapped or coloured."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+#: The help of `--json`, the same on every command that has it (docs/cli.md).
+JSON_HELP = "Print one JSON document on stdout and nothing else there (messages go to stderr)."
+
+
+def json_option(help: str = JSON_HELP) -> Any:
+    """The `--json` flag of a command that prints a result."""
+    return typer.Option("--json", help=help)
+
+
+def machine_output() -> None:
+    """--json: stdout carries the one JSON document; what the command says for people goes to
+    stderr (a submission's line, a dispatch, a plan), wherever in the command it is printed."""
+    out.file = sys.stderr
+
+
+def human_output() -> None:
+    """Back to stdout (each command starts here; an in-process caller may run several)."""
+    out._file = None  # rich's own default: sys.stdout, looked up at each write
+
+
+def pick_format(fmt: str, as_json: bool, formats: tuple[str, ...]) -> str:
+    """A command's `--format`, with `--json` as another way to say `--format json`."""
+    if fmt not in formats:
+        raise BadInput(f"unknown format {fmt!r}", field="--format", fix=f"use {', '.join(formats)}")
+    if as_json and fmt not in ("json", formats[0]):
+        raise BadInput(
+            f"--json and --format {fmt} ask for two formats",
+            field="--json",
+            fix="give one of them (--json is --format json)",
+        )
+    chosen = "json" if as_json else fmt
+    if chosen == "json":
+        machine_output()
+    return chosen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -14,6 +15,8 @@ import typer
 from apg_farm.cli.common import err, open_store, out
 from apg_farm.cli.progress import done_count
 from apg_farm.errors import BadInput, FarmError, NotFound
+
+log = logging.getLogger("apg_farm.scheduler")
 
 if TYPE_CHECKING:
     from apg_farm.scheduler import WorkerSeen
@@ -389,13 +392,24 @@ def scheduler_cmd(
     store = open_store()
     app = make_app(settings)
     every = interval or settings.reconcile_seconds
+    log.info(
+        "scheduler started: a pass every %g s on %s, broker %s",
+        every,
+        store.safe_url(),
+        _safe_url(broker_url),
+    )
+    passes = 0
     while True:
+        passes += 1
+        started = time.monotonic()
         try:
             result = reconcile(store, app, broker_url, unacked_grace=settings.lease_seconds)
-            if result.expired or result.resent or once:
+            # One line per pass, even an idle one: a quiet scheduler is a live one.
+            log.info("pass %d: %s (%.2f s)", passes, result.pass_line(), time.monotonic() - started)
+            if once:
                 out.print(result.describe())
         except Exception as error:
-            err.print(f"[yellow]reconcile failed[/]: {type(error).__name__}: {error}")
+            log.warning("pass %d: reconcile failed: %s: %s", passes, type(error).__name__, error)
             if once:
                 raise
         if once:

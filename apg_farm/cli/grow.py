@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from apg_farm.cli.common import err, open_store, out, print_json
+from apg_farm.cli.common import err, json_option, open_store, out, print_json
 
 if TYPE_CHECKING:
     from apg_farm.beds import CloneStep as Step
@@ -43,7 +43,7 @@ def bed_clone_cmd(
         str | None,
         typer.Option("--ddev", help="With --ssh: ddev on that host (default: SOURCE's)."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the steps as JSON.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Make a new bed that is the same bed as SOURCE, check every step, enrol it in its pool.
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from apg_farm.cli.common import err, open_store, out, print_json
+from apg_farm.cli.common import err, json_option, open_store, out, pick_format, print_json
 from apg_farm.errors import BadInput
 
 if TYPE_CHECKING:
@@ -44,14 +44,16 @@ def pool_upgrade(
         float,
         typer.Option("--drain-timeout", help="Seconds to wait for a bed's running attempt."),
     ] = 7200.0,
-    fmt: Annotated[str, typer.Option("--format", help="text or json")] = "text",
+    fmt: Annotated[
+        str, typer.Option("--format", help="text or json (json: the same as --json)")
+    ] = "text",
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Take N beds out (each finishes its attempt), run SCRIPT, re-provision, re-escrow with
     --force, doctor; a healthy bed goes back, then the next. Exit 1 when a bed failed."""
     from apg_farm.beds import UpgradeOptions, plan_upgrade, run_upgrade
 
-    if fmt not in ("text", "json"):
-        raise BadInput(f"unknown format {fmt!r}", field="--format", fix="use text or json")
+    fmt = pick_format(fmt, as_json, ("text", "json"))
     if run is None:
         raise BadInput(
             "no upgrade script given", field="--run", fix="give --run PATH (a shell script)"

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from apg_farm.cli.common import err, open_store, out
+from apg_farm.cli.common import err, json_option, machine_output, open_store, out, print_json
 
 beds_app = typer.Typer(
     help="Declare the whole pool in a file and converge to it.", no_args_is_help=True
@@ -98,10 +98,15 @@ def beds_apply_cmd(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check the file and the hosts; change nothing.")
     ] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Converge the store to the inventory: add and update beds, drain and remove the others."""
+    from dataclasses import asdict
+
     from apg_farm.beds import apply_inventory, load_inventory
 
+    if as_json:
+        machine_output()
     inventory = load_inventory(file)
     result = apply_inventory(
         open_store(create=not dry_run), inventory, source=str(file), dry_run=dry_run
@@ -118,6 +123,15 @@ def beds_apply_cmd(
     out.print(("would apply: " if dry_run else "applied: ") + (counts or "nothing"))
     for failure in result.failures:
         err.print(f"[red]error:[/] {failure}", soft_wrap=True)
+    if as_json:
+        print_json(
+            {
+                "dry_run": dry_run,
+                "changes": [asdict(change) for change in result.changes],
+                "notes": result.notes,
+                "failures": result.failures,
+            }
+        )
     if result.failures:
         raise typer.Exit(1)
 
