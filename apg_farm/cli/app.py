@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from apg_farm.cli import analysis as analysis_cli
-from apg_farm.cli import budget, canary, distributed, grow, pool, remote
+from apg_farm.cli import budget, canary, distributed, grow, pool, remote, sweeps
 from apg_farm.cli.common import err, open_store, out, print_json, report_table
 from apg_farm.cli.running import bed_doctor, execute_sweep
 from apg_farm.errors import BadInput, FarmError
@@ -28,7 +28,7 @@ app = typer.Typer(
     add_completion=False,
 )
 bed_app = typer.Typer(help="Enrol, inspect and release beds.", no_args_is_help=True)
-sweep_app = typer.Typer(help="Submit, watch and cancel sweeps.", no_args_is_help=True)
+sweep_app = typer.Typer(help="Submit, list, watch, cancel and delete sweeps.", no_args_is_help=True)
 db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
@@ -37,6 +37,7 @@ canary.register(bed_app)
 grow.register(bed_app)
 budget.register(app)
 pool.register(app)
+sweeps.register(sweep_app)
 app.add_typer(db_app, name="db")
 
 
