@@ -386,6 +386,9 @@ def test_the_sweeps_page_shows_each_sweeps_end_rates_trouble_and_spend(
     assert cells is not None
     assert f'title="{finished["passed"]} of {graded}">{_pct(finished["pass_rate"])}<' in cells[1]
     assert 'data-field="state">finished<' in cells[1]
+    # A finished sweep may still be retried (that opens it again); only an open one cancelled.
+    failing = client.get(f"/sweeps/{farm.sweeps['failing']}").body
+    assert 'id="retry-form"' in failing and 'id="cancel-form"' not in failing
     filtered = client.get("/sweeps?state=finished").body
     assert f'data-sweep-id="{farm.sweeps["waiting"]}"' not in filtered
     assert f'data-sweep-id="{finished["id"]}"' in filtered
