@@ -24,6 +24,7 @@ from apg_farm.store import (
     ensure_gates,
     place_queued,
     queue_head,
+    reopen_sweep,
     stop_reason,
     utcnow,
 )
@@ -121,6 +122,8 @@ def submit(store: Store, spec: SweepSpec) -> Submission:
             refuse_if_sealed(sweep)
             sweep.spec = _merged(SweepSpec.model_validate(sweep.spec), spec).model_dump(mode="json")
             sweep.spec_sha256 = SweepSpec.model_validate(sweep.spec).digest()
+            # A finished sweep given new attempts runs again.
+            reopen_sweep(sweep)
         if not new_sweep and sweep.sealed_at is None:
             _repace(sweep, spec)
             if created or reweigh:
@@ -177,8 +180,8 @@ def _insert(
 
 def check_resubmit(sweep: Sweep, spec: SweepSpec) -> None:
     """Refuse a re-submit the stored sweep cannot take: it was cancelled, or the file changes
-    what its attempts are (dataset, fixture set, agent)."""
-    if sweep.state != SweepState.OPEN:
+    what its attempts are (dataset, fixture set, agent). A finished sweep takes more."""
+    if sweep.state == SweepState.CANCELLED:
         raise BadInput(
             f"sweep {spec.name!r} was cancelled; it takes no new attempts",
             field="name",

@@ -34,6 +34,7 @@ from apg_farm.dashboard import (
     sweeps_overview,
 )
 from apg_farm.errors import BadInput
+from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, AttemptState, Bed, BedEvent, BedState, Store, Sweep
 from tests.dashboard_farm import (
     HOSTILE,
@@ -46,7 +47,7 @@ from tests.dashboard_farm import (
     run_sweep,
     serving,
 )
-from tests.simbeds import make_beds
+from tests.simbeds import make_beds, spec
 
 
 @pytest.fixture(scope="module")
@@ -352,6 +353,93 @@ def test_attempts_come_a_page_at_a_time(server: Server, farm: DashFarm) -> None:
     assert html_page.count('<a href="/attempts/') == len(expected)  # 12 < one page of 50
 
 
+def test_the_sweeps_page_shows_each_sweeps_end_rates_trouble_and_spend(
+    server: Server, farm: DashFarm
+) -> None:
+    """Sweeps with their state (finished or open), pass rate, TAMPERED/INVALID/ERROR counts and
+    spend, from the same listing as `apg-farm sweep list`; a state filter, pages, sortable heads."""
+    client = Client(server.url)
+    client.login()
+    listed = json.loads(client.get("/api/sweeps").body)
+    rows = {r["name"]: r for r in listed["sweeps"]}
+    assert [rows[n]["state"] for n in ("finished", "failing", "waiting")] == [
+        "finished",
+        "finished",
+        "open",
+    ]
+    assert (rows["failing"]["error"], rows["failing"]["invalid"]) == (1, 1)
+    report = _report_json(farm, "finished")
+    graded = sum(
+        report["outcomes"].get(o, 0) for o in ("PASSED", "FAILED", "NO_ATTEMPT", "TAMPERED")
+    )
+    finished = rows["finished"]
+    assert finished["counted"] == graded and finished["passed"] == report["outcomes"]["PASSED"]
+    assert finished["pass_rate"] == finished["passed"] / graded and finished["spent_usd"] > 0
+    assert rows["waiting"]["pass_rate"] is None
+
+    only_open = json.loads(client.get("/api/sweeps?state=open").body)
+    assert [r["name"] for r in only_open["sweeps"]] == ["waiting"]
+    assert client.get("/api/sweeps?state=bogus").status == 400
+    first = json.loads(client.get("/api/sweeps?limit=1").body)
+    assert first["next_before"] == first["sweeps"][0]["id"]
+
+    page = client.get("/sweeps").body
+    assert 'class="sortable"' in page and 'data-sort="number"' in page
+    cells = re.search(rf'<tr data-sweep-id="{finished["id"]}">(.*?)</tr>', page, re.DOTALL)
+    assert cells is not None
+    assert f'title="{finished["passed"]} of {graded}">{_pct(finished["pass_rate"])}<' in cells[1]
+    assert 'data-field="state">finished<' in cells[1]
+    # A finished sweep may still be retried (that opens it again); only an open one cancelled.
+    failing = client.get(f"/sweeps/{farm.sweeps['failing']}").body
+    assert 'id="retry-form"' in failing and 'id="cancel-form"' not in failing
+    filtered = client.get("/sweeps?state=finished").body
+    assert f'data-sweep-id="{farm.sweeps["waiting"]}"' not in filtered
+    assert f'data-sweep-id="{finished["id"]}"' in filtered
+
+
+def test_ids_beyond_the_store_are_404_and_400_never_500(server: Server, farm: DashFarm) -> None:
+    """An id no store can hold answers as a missing sweep (404) in a path and as bad input (400)
+    in a query: the database is never asked to compare it."""
+    client = Client(server.url)
+    client.login()
+    huge = "99999999999999999999"
+    sweep_id = farm.sweeps["finished"]
+    for path in (
+        f"/api/sweeps/{huge}",
+        f"/api/sweeps/{huge}/report",
+        f"/api/sweeps/{huge}/attempts",
+        f"/api/attempts/{huge}",
+        f"/sweeps/{huge}",
+        f"/sweeps/{huge}/attempts",
+        f"/attempts/{huge}",
+    ):
+        assert client.get(path).status == 404, path
+    for path in (
+        f"/api/sweeps?before={huge}",
+        f"/sweeps?before={huge}",
+        f"/api/sweeps/{sweep_id}/attempts?after={huge}",
+        f"/sweeps/{sweep_id}/attempts?before={huge}",
+    ):
+        assert client.get(path).status == 400, path
+    assert "Traceback" not in server.output()
+
+
+def test_the_sweep_page_says_nothing_of_a_missing_dataset_or_budget(
+    server: Server, farm: DashFarm
+) -> None:
+    """No "dataset None", no "of no budget": the dataset is left out, the budget said unset."""
+    unnamed = spec("bare", tasks=1, models=1, trials=1).model_copy(update={"dataset": None})
+    sweep_id = submit(farm.store, unnamed).sweep_id
+    client = Client(server.url)
+    client.login()
+    page = client.get(f"/sweeps/{sweep_id}").body
+    header = page.split('<section id="live">')[0]
+    assert "sweep id" in header and "None" not in header and "dataset" not in header
+    assert '<span id="budget">(no budget set)</span>' in page and "of no budget" not in page
+    named = client.get(f"/sweeps/{farm.sweeps['finished']}").body
+    assert '<code id="dataset">droost_build_tasks</code>' in named
+
+
 def _state(store: Store, sweep_id: int) -> tuple[str, int]:
     with store.read() as session:
         sweep = session.get_one(Sweep, sweep_id)
@@ -431,7 +519,8 @@ def test_read_only_public_browsing_keeps_actions_behind_the_token(
         finished = farm.sweeps["finished"]
         refused = anonymous.post(f"/sweeps/{finished}/cancel", {"csrf": anonymous.csrf()})
         assert refused.status == 401
-        assert _state(farm.store, finished)[0] == "open"
+        # Unchanged: the sweep ran to its end (finished), not cancelled.
+        assert _state(farm.store, finished)[0] == "finished"
 
 
 def test_a_generated_token_is_never_printed(farm: DashFarm, tmp_path: Path) -> None:
@@ -514,6 +603,7 @@ def test_the_reads_on_both_backends(store: Store, tmp_path: Path) -> None:
     sweep_id = run_sweep(store, "both", tasks=1, models=2, trials=3)
     [row] = sweeps_overview(store)["sweeps"]
     assert (row["id"], row["total"], row["done"], row["queued"]) == (sweep_id, 6, 6, 0)
+    assert row["state"] == "finished" and row["counted"] == 6 and row["pass_rate"] is not None
     live = sweep_live(store, sweep_id)
     assert live["live"]["done"] == 6 and live["sweep"]["models"] == live["sweep"]["models"]
     first = attempts_page(store, sweep_id, limit=4)

@@ -160,6 +160,27 @@ def test_pages_render_without_errors(watched: Watched, farm: DashFarm, tmp_path:
     assert watched.errors == [] and watched.dialogs == []
 
 
+def test_the_sweeps_table_sorts_by_a_clicked_column(watched: Watched, farm: DashFarm) -> None:
+    """A click on "id" sorts the sweeps shown by id, the next click the other way; the poll
+    keeps the order and raises no error."""
+    page = watched.goto("/sweeps")
+
+    def ids() -> list[int]:
+        shown = page.eval_on_selector_all(
+            "#sweeps-table tbody tr", "rows => rows.map(r => r.dataset.sweepId)"
+        )
+        return [int(v) for v in shown]
+
+    assert ids() == sorted(ids(), reverse=True)  # newest first, as served
+    page.click('#sweeps-table th:text-is("id")')
+    assert ids() == sorted(ids())
+    assert page.get_attribute('#sweeps-table th:text-is("id")', "aria-sort") == "ascending"
+    page.click('#sweeps-table th:text-is("id")')
+    assert ids() == sorted(ids(), reverse=True)
+    until(lambda: polled(page), what="a poll")
+    assert watched.errors == []
+
+
 def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f}%"
 

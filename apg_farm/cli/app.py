@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from apg_farm.cli import analysis as analysis_cli
-from apg_farm.cli import budget, canary, distributed, grow, pool, remote, sweep_file
+from apg_farm.cli import budget, canary, distributed, grow, pool, remote, sweep_file, sweeps
 from apg_farm.cli.common import (
     err,
     human_output,
@@ -51,7 +51,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 bed_app = typer.Typer(help="Enrol, inspect and release beds.", no_args_is_help=True)
-sweep_app = typer.Typer(help="Submit, watch and cancel sweeps.", no_args_is_help=True)
+sweep_app = typer.Typer(help="Submit, list, watch, cancel and delete sweeps.", no_args_is_help=True)
 db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
@@ -60,6 +60,7 @@ canary.register(bed_app)
 grow.register(bed_app)
 budget.register(app)
 pool.register(app)
+sweeps.register(sweep_app)
 app.add_typer(db_app, name="db")
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from starlette.routing import Route
 from apg_farm.dashboard import data
 from apg_farm.dashboard.context import dashboard_of, may_read
 from apg_farm.errors import BadInput, FarmError, NotFound
-from apg_farm.results import analyse, find_sweep
+from apg_farm.results import MAX_ID, analyse, find_sweep
 
 
 class _JSON(JSONResponse):
@@ -29,19 +29,35 @@ def error_json(error: FarmError) -> Response:
     return _JSON({"error": error.render()}, status_code=404 if isinstance(error, NotFound) else 400)
 
 
-def _int(request: Request, name: str) -> int | None:
+def query_int(request: Request, name: str) -> int | None:
+    """A whole-number query parameter, None when absent; BadInput (400) for anything else,
+    a number beyond what the store holds included (`?before=99999999999999999999`)."""
     value = request.query_params.get(name)
     if value is None or value == "":
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise BadInput(f"{name} must be a whole number", field=name)
+    if len(value) > len(str(MAX_ID)) or int(value) > MAX_ID:
+        raise BadInput(f"{name} must be at most {MAX_ID}", field=name)
     return int(value)
+
+
+_int = query_int
+
+
+def known_ids(request: Request) -> None:
+    """NotFound (404) for an id in the path beyond what a store holds (`/api/sweeps/<huge>`):
+    the database is never asked, so it cannot overflow."""
+    for name, value in request.path_params.items():
+        if isinstance(value, int):
+            data.known_id(value, name.removesuffix("_id"))
 
 
 def _guarded(request: Request, read: Any) -> Response:
     if not may_read(request):
         return _JSON({"error": "log in, or send Authorization: Bearer <token>"}, status_code=401)
     try:
+        known_ids(request)
         return _JSON(read())
     except FarmError as error:
         return error_json(error)
@@ -52,7 +68,10 @@ def api_sweeps(request: Request) -> Response:
     return _guarded(
         request,
         lambda: data.sweeps_overview(
-            store, before=_int(request, "before"), limit=_int(request, "limit") or data.SWEEPS_PAGE
+            store,
+            before=_int(request, "before"),
+            limit=_int(request, "limit") or data.SWEEPS_PAGE,
+            state=request.query_params.get("state") or None,
         ),
     )
 

@@ -27,6 +27,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apg_farm.dashboard import actions, api, data
+from apg_farm.dashboard.api import known_ids
 from apg_farm.dashboard.auth import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -37,6 +38,7 @@ from apg_farm.dashboard.auth import (
 from apg_farm.dashboard.context import Dashboard, Options, dashboard_of, logged_in, may_read
 from apg_farm.errors import BadInput, FarmError, NotFound
 from apg_farm.results import (
+    STATES,
     analyse,
     cost_section,
     find_sweep,
@@ -213,6 +215,7 @@ def page(read: Any) -> Any:
         if not may_read(request):
             return _to_login(request)
         try:
+            known_ids(request)
             result: Response = read(request)
             return result
         except FarmError as error:
@@ -222,18 +225,17 @@ def page(read: Any) -> Any:
 
 
 def _int_param(request: Request, name: str) -> int | None:
-    value = request.query_params.get(name, "")
-    if not value:
-        return None
-    if not value.isdigit():
-        raise BadInput(f"{name} must be a whole number", field=name)
-    return int(value)
+    return api.query_int(request, name)
 
 
 def sweeps_page(request: Request) -> Response:
     store = dashboard_of(request).store
-    overview = data.sweeps_overview(store, before=_int_param(request, "before"))
-    return render(request, "sweeps.html", {"overview": overview})
+    overview = data.sweeps_overview(
+        store,
+        before=_int_param(request, "before"),
+        state=request.query_params.get("state") or None,
+    )
+    return render(request, "sweeps.html", {"overview": overview, "states": STATES})
 
 
 def sweep_page(request: Request) -> Response:
@@ -383,6 +385,7 @@ async def _act(request: Request, work: Any, done: str) -> Response:
     if not _csrf_ok(request, form):
         return _refused(request, 403, "missing or wrong CSRF token: reload the page and try again")
     try:
+        known_ids(request)
         result = await run_in_threadpool(work, form)
     except FarmError as error:
         return error_page(request, error)

@@ -18,7 +18,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from apg_farm.errors import NotFound
-from apg_farm.results import watch_snapshot
+from apg_farm.results import MAX_ID, list_sweeps, watch_snapshot
 from apg_farm.scheduler import pool_shares
 from apg_farm.store import (
     CANARY,
@@ -98,19 +98,16 @@ def _counts(session: Session, sweep_ids: list[int]) -> dict[int, tuple[Counter[s
 
 
 def sweeps_overview(
-    store: Store, *, before: int | None = None, limit: int = SWEEPS_PAGE
+    store: Store,
+    *,
+    before: int | None = None,
+    limit: int = SWEEPS_PAGE,
+    state: str | None = None,
 ) -> dict[str, Any]:
-    """The newest sweeps (those with an id below `before`), each with its progress and spend."""
-    limit = max(1, min(limit, MAX_PAGE))
-    with store.read() as session:
-        query = select(Sweep).order_by(Sweep.id.desc()).limit(limit + 1)
-        if before is not None:
-            query = query.where(Sweep.id < before)
-        sweeps = list(session.scalars(query))
-        more = len(sweeps) > limit
-        sweeps = sweeps[:limit]
-        counts = _counts(session, [s.id for s in sweeps])
-        rows = [_sweep_row(s, *counts[s.id]) for s in sweeps]
+    """The newest sweeps (those with an id below `before`, in `state` if given), each with its
+    progress, pass rate, trouble counts and spend (results.list_sweeps: `apg-farm sweep list`)."""
+    listed = list_sweeps(store, state=state, before=before, limit=min(limit, MAX_PAGE))
+    rows = listed.sweeps
     # Each open sweep's weight and its share of its pool's recent claims (a few pools a page).
     shares = {
         share["id"]: share
@@ -119,11 +116,19 @@ def sweeps_overview(
     }
     for row in rows:
         row["share"] = shares.get(row["id"])
-    return {"sweeps": rows, "next_before": rows[-1]["id"] if more else None}
+    return {"sweeps": rows, "next_before": listed.next_before, "state": state}
+
+
+def known_id(value: int, what: str) -> int:
+    """An id from a URL, or NotFound when it is beyond what a store holds (never an overflow)."""
+    if not 0 <= value <= MAX_ID:
+        raise NotFound(f"no {what} with id {value}")
+    return value
 
 
 def sweep_live(store: Store, sweep_id: int) -> dict[str, Any]:
     """A sweep's summary and its live view (watch_snapshot: per model, per bed, ETA, pace)."""
+    known_id(sweep_id, "sweep")
     with store.read() as session:
         sweep = session.get(Sweep, sweep_id)
         if sweep is None:

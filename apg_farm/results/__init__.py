@@ -3,8 +3,9 @@
 `stats` holds the statistics (Wilson, pass@k, McNemar, Newcombe, Holm); `report` and `analysis`
 compute a sweep's figures (`costs` what they cost), which `csv_report`, `html_report` (with
 `cost_plot`) and `watch` present; `comparison`, `baseline` and `regression` set one result against
-another; `sealing` and `export` make evidence others can check; `power` plans the trials a
-paired comparison needs. Imports store and contract.
+another; `listing` is the sweeps list with each sweep's figures; `sealing` and `export` make
+evidence others can check; `power` plans the trials a paired comparison needs. Imports store and
+contract.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ from apg_farm.results.html_report import (
     forest_plot,
     render_html,
     second_chance_section,
+)
+from apg_farm.results.listing import (
+    MAX_ID,
+    MAX_SWEEPS_PAGE,
+    STATES,
+    SWEEPS_PAGE,
+    SweepPage,
+    check_before,
+    check_state,
+    list_sweeps,
 )
 from apg_farm.results.power import (
     Paired,
@@ -80,8 +91,12 @@ __all__ = [
     "ACROSS",
     "CELL_COUNTS",
     "CSV_COLUMNS",
+    "MAX_ID",
+    "MAX_SWEEPS_PAGE",
     "MIN_TASKS",
     "NOT_VALID",
+    "STATES",
+    "SWEEPS_PAGE",
     "CheckPolicy",
     "CheckVerdict",
     "CostFindings",
@@ -91,6 +106,7 @@ __all__ = [
     "Rate",
     "SealedSweep",
     "Side",
+    "SweepPage",
     "add_stop",
     "analyse",
     "artifacts",
@@ -98,7 +114,9 @@ __all__ = [
     "between_task_variance",
     "build_baseline",
     "cell_variance",
+    "check_before",
     "check_regression",
+    "check_state",
     "compare",
     "cost_findings",
     "cost_points",
@@ -108,6 +126,7 @@ __all__ = [
     "forest_plot",
     "group_quantiles",
     "holm",
+    "list_sweeps",
     "load_baseline",
     "load_side",
     "mcnemar_exact",

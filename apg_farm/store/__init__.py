@@ -41,6 +41,7 @@ from apg_farm.store.db import Store, is_transient, normalize_url, rowcount
 from apg_farm.store.lifecycle import (
     STOP_LISTING,
     UPGRADE,
+    Deleted,
     Evidence,
     HarnessAttempt,
     NotReleasable,
@@ -51,6 +52,7 @@ from apg_farm.store.lifecycle import (
     cancel_attempt,
     cancel_sweep,
     count_dispatches,
+    delete_sweep,
     finish_upgrade,
     hold_for_canary,
     judge_outage_claim,
@@ -118,7 +120,7 @@ from apg_farm.store.pacing import (
     sweep_pauses,
     trip,
 )
-from apg_farm.store.rules import finish_draining, holds_attempt
+from apg_farm.store.rules import finish_draining, holds_attempt, reopen_sweep
 from apg_farm.store.stopping import STOP, decision_of, stop_reason
 
 __all__ = [
@@ -147,6 +149,7 @@ __all__ = [
     "Budget",
     "CanaryConfig",
     "Claim",
+    "Deleted",
     "Evidence",
     "Execution",
     "HarnessAttempt",
@@ -185,6 +188,7 @@ __all__ = [
     "day_key",
     "db_time",
     "decision_of",
+    "delete_sweep",
     "effective_config",
     "ensure_gates",
     "farm_budget_reached",
@@ -212,6 +216,7 @@ __all__ = [
     "release_bed",
     "remove_bed",
     "renew_lease",
+    "reopen_sweep",
     "requeue_expired",
     "retry_attempts",
     "rowcount",

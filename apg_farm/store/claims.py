@@ -53,7 +53,7 @@ from apg_farm.store.pacing import (
     farm_budget_reached,
     sweep_pauses,
 )
-from apg_farm.store.rules import count_lost_try, done
+from apg_farm.store.rules import count_lost_try, done, finish_if_final
 from apg_farm.store.stopping import stop_reason
 
 #: How many queued attempts a claimer looks at to find one it may take.
@@ -179,6 +179,43 @@ def claim(
 ) -> Claim | Refusal:
     """Claim the next attempt this bed may run (or exactly `attempt_id`), or say why not.
 
+    An attempt the claim ended instead (poisoned, or queued in a sweep whose comparison was
+    decided) may have been its sweep's last: the sweep is finished after the claim commits, in
+    a transaction of its own (the claim holds model gates, which come after the sweep in the
+    lock order).
+    """
+    ended: set[int] = set()
+    taken = _claim(
+        store,
+        bed_id,
+        lease_seconds=lease_seconds,
+        worker=worker,
+        sweep_id=sweep_id,
+        attempt_id=attempt_id,
+        backoff=backoff,
+        driver=driver,
+        ended=ended,
+    )
+    for ended_sweep in sorted(ended):
+        with store.session() as session:
+            finish_if_final(store, session, ended_sweep)
+    return taken
+
+
+def _claim(
+    store: Store,
+    bed_id: int,
+    *,
+    lease_seconds: float,
+    worker: str,
+    sweep_id: int | None,
+    attempt_id: int | None,
+    backoff: tuple[float, float],
+    driver: str | None,
+    ended: set[int],
+) -> Claim | Refusal:
+    """`claim`'s one transaction; the sweeps of the attempts it ended are added to `ended`.
+
     Only attempts every cap allows are looked at (pacing.py): the farm's and the sweep's
     budgets, the model's breaker and its max_concurrent; `backoff` (base, ceiling) is how long
     a breaker probe keeps its model's other attempts waiting. Only sweeps of `driver` are
@@ -240,10 +277,12 @@ def claim(
                 # Queued after the sweep's comparison was decided (a requeue racing it): it ends
                 # like the rest of the queue did.
                 done(attempt, Outcome.CANCELLED, stopped)
+                ended.add(attempt.sweep_id)
                 skipped = skipped or Refusal(Why.SWEEP_CLOSED, stopped)
                 continue
             if _poisoned(attempt, spec):
                 _finish_poisoned(attempt, now)
+                ended.add(attempt.sweep_id)
                 skipped = skipped or Refusal(Why.NOT_QUEUED, "poisoned")
                 continue
             if not _may_take(attempt, bed_id, active):

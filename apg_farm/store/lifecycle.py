@@ -20,7 +20,9 @@ never wait for each other in opposite orders.
 | queued -> done CANCELLED, the sweep's comparison decided | `stopping.look` (in `record_verdict`) | the sweep, then its queued attempts (skip locked) |
 | execution LOST, the bed's quarantine | `record_lost` | bed |
 | expired running -> queued, execution LOST | `requeue_expired` (claims.py) | beds, then attempts (skip locked) |
-| done -> queued | `retry_attempts` | the sweep's attempts |
+| done -> queued, the sweep open again | `retry_attempts` | the sweep's attempts |
+| sweep open -> finished, its last attempt final | `rules.finish_if_final` (in `record_verdict`, `cancel_attempt`, after a claim that ended one) | the sweep |
+| a sweep and all its rows deleted | `delete_sweep` | its unfinished attempts, then the sweep |
 | queued -> done CANCELLED, sweep cancelled | `cancel_sweep` | the sweep's queued attempts |
 | bed active -> quarantined | `quarantine_bed`, `rules.quarantine` | bed |
 | bed quarantined/draining -> active | `release_bed` | bed |
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -73,7 +75,17 @@ from apg_farm.store.models import (
     utcnow,
 )
 from apg_farm.store.pacing import add_spend, believe_outage, claimable, db_time
-from apg_farm.store.rules import done, finish_draining, pace_model, quarantine, settle, to_the_back
+from apg_farm.store.rules import (
+    UNFINISHED,
+    done,
+    finish_draining,
+    finish_if_final,
+    pace_model,
+    quarantine,
+    reopen_sweep,
+    settle,
+    to_the_back,
+)
 from apg_farm.store.stopping import lock_sweep, look, stop_reason
 from apg_farm.transports import CommandResult
 
@@ -191,6 +203,10 @@ def record_verdict(
         if sweep is not None and claim.spec.stop and outcome is not None:
             # A final outcome may complete a pair: the anytime-valid test looks (rules: stopping).
             look(store, session, sweep)
+        if outcome is not None:
+            # The sweep's last attempt to end finishes it (the sweep after the attempt: the
+            # lock order; before the model gates, which pace_model takes).
+            finish_if_final(store, session, row.sweep_id)
         execution.result = outcome or "RETRY"
         if verdict.provider_trouble is not None:
             to_the_back(session, row)
@@ -513,11 +529,12 @@ def cancel_sweep(store: Store, sweep_id: int) -> int:
 
 def retry_attempts(store: Store, sweep_id: int, outcomes: Collection[Outcome]) -> int:
     """Put finished attempts with these outcomes back in the queue (their count); their
-    executions stay as history. Refused for a sealed or cancelled sweep."""
+    executions stay as history; a finished sweep is open again. Refused for a sealed or
+    cancelled sweep."""
     with store.session() as session:
         sweep = _sweep(session, sweep_id)
         refuse_if_sealed(sweep)
-        if sweep.state != SweepState.OPEN:
+        if sweep.state == SweepState.CANCELLED:
             raise BadInput(f"sweep {sweep.name} was cancelled", fix="submit it under a new name")
         if stopped := stop_reason(sweep):
             raise BadInput(
@@ -543,7 +560,85 @@ def retry_attempts(store: Store, sweep_id: int, outcomes: Collection[Outcome]) -
             attempt.deliveries = 0
             attempt.excluded_beds = []
             attempt.enqueued_at = None
+        if rows:
+            reopen_sweep(sweep)
         return len(rows)
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """What `delete_sweep` removed."""
+
+    sweep: str
+    attempts: int
+    executions: int
+    phases: int
+
+
+def delete_sweep(store: Store, sweep_id: int) -> Deleted:
+    """Delete a sweep and every row of it: its phases, executions (their envelopes), attempts.
+
+    Refused for a sealed sweep (its evidence is closed) and while an attempt of it runs (its
+    bed would record into rows that are gone). The sweep's unfinished attempts are locked
+    first, then the sweep (the lock order): a claimer skips them, a bed recording one's end
+    is waited for and then seen running. Spend totals keep what its executions cost.
+    """
+    with store.session() as session:
+        unfinished = (
+            select(Attempt.id, Attempt.state)
+            .where(Attempt.sweep_id == sweep_id, Attempt.state.in_(UNFINISHED))
+            .order_by(Attempt.id)
+        )
+        pending = session.execute(
+            unfinished if store.is_sqlite else unfinished.with_for_update()
+        ).all()
+        sweep = session.get(Sweep, sweep_id, with_for_update=not store.is_sqlite)
+        if sweep is None:
+            raise NotFound(
+                f"no sweep with id {sweep_id}", field="sweep", fix="see `apg-farm sweep list`"
+            )
+        if sweep.sealed_at is not None:
+            raise SealedSweep(
+                f"sweep {sweep.name!r} is sealed "
+                f"({sweep.sealed_at.isoformat(timespec='seconds')}): its record is kept",
+                field="sweep",
+                fix="a seal keeps a sweep's evidence closed; it cannot be deleted",
+            )
+        running = sum(1 for _, state in pending if state == AttemptState.RUNNING)
+        if running:
+            raise BadInput(
+                f"sweep {sweep.name!r} has {running} running attempt(s)",
+                field="sweep",
+                fix=f"`apg-farm sweep cancel {sweep.name}`, then delete it once they end",
+            )
+        attempts = select(Attempt.id).where(Attempt.sweep_id == sweep_id)
+        executions = select(Execution.id).where(Execution.attempt_id.in_(attempts))
+        phases = rowcount(
+            session.execute(
+                delete(Phase)
+                .where(Phase.execution_id.in_(executions))
+                .execution_options(synchronize_session=False)
+            )
+        )
+        done_executions = rowcount(
+            session.execute(
+                delete(Execution)
+                .where(Execution.attempt_id.in_(attempts))
+                .execution_options(synchronize_session=False)
+            )
+        )
+        done_attempts = rowcount(
+            session.execute(
+                delete(Attempt)
+                .where(Attempt.sweep_id == sweep_id)
+                .execution_options(synchronize_session=False)
+            )
+        )
+        name = sweep.name
+        session.execute(
+            delete(Sweep).where(Sweep.id == sweep_id).execution_options(synchronize_session=False)
+        )
+        return Deleted(name, done_attempts, done_executions, phases)
 
 
 def _sweep(session: Session, sweep_id: int) -> Sweep:
@@ -618,8 +713,10 @@ def open_harness_attempt(
             )
         )
         if row is None:
-            if sweep.state != SweepState.OPEN:
+            if sweep.state == SweepState.CANCELLED:
                 raise BadInput(f"sweep {sweep.name!r} is {sweep.state}", field="sweep")
+            # A harness's sweep is finished between samples whenever its last one ended.
+            reopen_sweep(sweep)
             last = session.scalar(select(func.max(Attempt.seq)).where(Attempt.sweep_id == sweep.id))
             row = Attempt(
                 sweep_id=sweep.id,
@@ -653,6 +750,7 @@ def cancel_attempt(store: Store, attempt_id: int, reason: str) -> bool:
         if row is None or row.state != AttemptState.QUEUED:
             return False
         done(row, Outcome.CANCELLED, reason)
+        finish_if_final(store, session, row.sweep_id)
         return True
 
 
@@ -852,7 +950,7 @@ def set_priority(store: Store, sweep_id: int, weight: int) -> Reweighed:
     with store.session() as session:
         sweep = _sweep(session, sweep_id)
         refuse_if_sealed(sweep)
-        if sweep.state != SweepState.OPEN:
+        if sweep.state == SweepState.CANCELLED:
             raise BadInput(
                 f"sweep {sweep.name} was cancelled: it has nothing queued to weigh",
                 field="sweep",

@@ -91,7 +91,9 @@ class AttemptState(StrEnum):
 class SweepState(StrEnum):
     """Whether a sweep still runs."""
 
-    OPEN = "open"  #: attempts are taken
+    OPEN = "open"  #: some attempt is queued or running: attempts are taken
+    #: every attempt is final (done); a re-submit that adds attempts, or a retry, opens it again
+    FINISHED = "finished"
     CANCELLED = (
         "cancelled"  #: queued attempts were cancelled; running ones stop at their next phase
     )
@@ -288,6 +290,9 @@ class Attempt(Base):
         # The reconciler pages through queued attempts in queue order, the lease sweep finds the
         # running ones: both read the attempts in flight, never the finished history (0006).
         Index("ix_attempts_state_seq", "state", "seq", "id"),
+        # Whether a sweep has an attempt still to finish, asked as each attempt ends: an index
+        # probe, not a scan of the sweep's finished attempts (0014).
+        Index("ix_attempts_sweep_state", "sweep_id", "state"),
         # The database itself refuses a second running attempt on one bed.
         Index(
             "uq_attempts_running_bed",

@@ -8,18 +8,29 @@ the attempt's). None of them opens a session or commits.
 - `to_the_back`: an attempt the provider failed goes behind its pool's queue;
 - `finish_draining`: a draining bed that holds nothing any more is removed;
 - `count_lost_try`: a bed whose claims keep expiring is quarantined;
-- `cancel_queued`: a sweep whose comparison was decided (store/stopping.py) cancels its queue.
+- `cancel_queued`: a sweep whose comparison was decided (store/stopping.py) cancels its queue;
+- `finish_if_final`: a sweep whose last attempt became final is finished; `reopen_sweep` undoes it.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from sqlalchemy import exists, func, select, update
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import COUNTED, Outcome, Verdict
 from apg_farm.defaults import MAX_CONSECUTIVE_INFRA_ERRORS
 from apg_farm.store.db import Store, rowcount
-from apg_farm.store.models import Attempt, AttemptState, Bed, BedEvent, BedState, Execution, utcnow
+from apg_farm.store.models import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedEvent,
+    BedState,
+    Execution,
+    Sweep,
+    SweepState,
+    utcnow,
+)
 from apg_farm.store.pacing import backoff, close, outage_clean, trip
 
 
@@ -196,3 +207,33 @@ def cancel_queued(store: Store, session: Session, sweep_id: int, reason: str) ->
             .execution_options(synchronize_session=False)
         )
     )
+
+
+#: The attempt states that are not final: a sweep with one of these is still open.
+UNFINISHED = (AttemptState.QUEUED.value, AttemptState.RUNNING.value)
+
+
+def finish_if_final(store: Store, session: Session, sweep_id: int) -> bool:
+    """An open sweep none of whose attempts is queued or running any more is finished; True
+    when that happened. Called in the transaction that made an attempt final, after its
+    attempt rows (the lock order): the sweep row is locked first, so of two transactions
+    ending a sweep's last two attempts the second, once the first committed, sees both final."""
+    locked = select(Sweep.state).where(Sweep.id == sweep_id)
+    state = session.scalar(locked if store.is_sqlite else locked.with_for_update())
+    if state != SweepState.OPEN:
+        return False
+    # A fresh statement after the lock: on PostgreSQL it sees what committed while it waited.
+    pending = session.scalar(
+        select(exists().where(Attempt.sweep_id == sweep_id, Attempt.state.in_(UNFINISHED)))
+    )
+    if pending:
+        return False
+    session.get_one(Sweep, sweep_id).state = SweepState.FINISHED
+    return True
+
+
+def reopen_sweep(sweep: Sweep) -> None:
+    """A finished sweep that was given attempts to run again (a re-submit that adds some, a
+    retry, a harness's new sample) is open: claims take its attempts again."""
+    if sweep.state == SweepState.FINISHED:
+        sweep.state = SweepState.OPEN

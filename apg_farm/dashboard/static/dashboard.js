@@ -48,6 +48,45 @@
     return "$" + value.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
   }
 
+  function pct(value) {
+    // As the server writes rates (apg_farm.dashboard.app._pct): 41.7%.
+    return (100 * value).toFixed(1) + "%";
+  }
+
+  function sortKey(cell, kind) {
+    // A cell's data-value when it has one (numbers behind formatted text), else its text.
+    var raw = cell && cell.dataset.value !== undefined ? cell.dataset.value : (cell ? cell.textContent : "");
+    if (kind === "number") {
+      var n = parseFloat(raw);
+      return isNaN(n) ? -Infinity : n;
+    }
+    return String(raw).toLowerCase();
+  }
+
+  function sortable(table) {
+    // Click a head with data-sort: the rows shown sort by that column; again: the other way.
+    var heads = table.querySelectorAll("th[data-sort]");
+    heads.forEach(function (th) {
+      th.addEventListener("click", function () {
+        var index = Array.prototype.indexOf.call(th.parentElement.children, th);
+        var kind = th.dataset.sort;
+        var up = th.getAttribute("aria-sort") !== "ascending";
+        heads.forEach(function (other) { other.removeAttribute("aria-sort"); });
+        th.setAttribute("aria-sort", up ? "ascending" : "descending");
+        var tbody = table.tBodies[0];
+        var rows = Array.prototype.slice.call(tbody.rows).filter(function (tr) { return tr.cells.length > 1; });
+        rows.sort(function (a, b) {
+          var x = sortKey(a.cells[index], kind);
+          var y = sortKey(b.cells[index], kind);
+          return (x < y ? -1 : x > y ? 1 : 0) * (up ? 1 : -1);
+        });
+        rows.forEach(function (tr) { tbody.appendChild(tr); });
+      });
+    });
+  }
+
+  document.querySelectorAll("table.sortable").forEach(sortable);
+
   function byId(id) {
     return document.getElementById(id);
   }
@@ -126,21 +165,30 @@
         if (!s) {
           return;
         }
-        var put = function (field, text) {
+        var put = function (field, text, value) {
           var el = tr.querySelector('[data-field="' + field + '"]');
           if (el) {
             el.textContent = String(text);
+            if (value !== undefined) {
+              el.dataset.value = String(value);
+            }
           }
         };
         put("state", s.state);
         put("done", s.done);
         put("total", s.total);
+        var done = tr.querySelector('[data-field="done"]');
+        if (done && done.parentElement) {
+          done.parentElement.dataset.value = String(s.done);
+        }
         put("running", s.running);
         put("queued", s.queued);
-        put("error", s.outcomes.ERROR || 0);
-        put("invalid", s.outcomes.INVALID || 0);
-        put("spent", usd(s.spent_usd));
-        put("budget", s.budget_usd === null ? "none" : usd(s.budget_usd));
+        put("pass_rate", s.pass_rate === null ? "—" : pct(s.pass_rate), s.pass_rate === null ? -1 : s.pass_rate);
+        put("tampered", s.tampered);
+        put("invalid", s.invalid);
+        put("error", s.error);
+        put("spent", usd(s.spent_usd), s.spent_usd);
+        put("budget", s.budget_usd === null ? "none" : usd(s.budget_usd), s.budget_usd === null ? -1 : s.budget_usd);
         put("priority", s.share ? s.share.priority : "—");
         put("share", shareText(s.share));
         var bar = tr.querySelector('[data-field="progress"]');
@@ -164,7 +212,7 @@
       setText("eta", finished ? "finished" : "ETA " + clock(snap.eta_seconds));
       setText("median", clock(snap.median_execution_seconds));
       setText("spent", usd(s.spent_usd));
-      setText("budget", s.budget_usd === null ? "no budget" : usd(s.budget_usd));
+      setText("budget", s.budget_usd === null ? "(no budget set)" : "of " + usd(s.budget_usd));
       var bar = byId("progress");
       if (bar) {
         bar.max = snap.total || 1;
