@@ -180,7 +180,11 @@ def bed_list(
     table = Table(title=f"beds ({_counts(rows) or 'none'})")
     columns = ["host", "name", "pool", "state", "fails", "reason", "approot", "verifier", "canary"]
     for column in columns + (["worker"] if workers is not None else []):
-        table.add_column(column, no_wrap=column in ("host", "name", "state", "fails"))
+        if column == "reason":
+            # The reason is what a person reads first: folded, never cut, given room.
+            table.add_column(column, overflow="fold", min_width=24)
+            continue
+        table.add_column(column, no_wrap=column in ("host", "name", "state", "fails", "worker"))
     for i, row in enumerate(rows):
         bed = beds[row["name"]]
         first = i == 0 or rows[i - 1]["host_group"] != row["host_group"]
@@ -226,7 +230,8 @@ def _state_cell(row: dict[str, Any]) -> str:
     if problem == "quarantined":
         return f"[red]{shown(row['state'])}[/]"
     if problem == "stuck":
-        return f"[red]{shown(row['state'])}, stuck[/] (lease expired {row['lease_expired_seconds']:.0f} s)"
+        late = int(row["lease_expired_seconds"] // 60)
+        return f"[red]{shown(row['state'])}, stuck[/] (lease out {late} min)"
     if problem == "failing":
         return f"[yellow]{shown(row['state'])}, failing[/]"
     return shown(row["state"])
@@ -234,10 +239,10 @@ def _state_cell(row: dict[str, Any]) -> str:
 
 def _verifier(bed: Bed) -> str:
     if bed.escrow_set:
-        return "escrow (trusted)"
+        return "escrow"
     if bed.untrusted_verifier:
-        return "[yellow]ddev wrapper (--untrusted-verifier)[/]"
-    return "[red]none: takes no attempt until escrowed[/]"
+        return "[yellow]untrusted (ddev wrapper)[/]"
+    return "[red]none: no attempt until escrowed[/]"
 
 
 def register(bed_app: typer.Typer) -> None:
