@@ -184,7 +184,15 @@ def bed_list(
             # The reason is what a person reads first: folded, never cut, given room.
             table.add_column(column, overflow="fold", min_width=24)
             continue
-        table.add_column(column, no_wrap=column in ("host", "name", "state", "fails", "worker"))
+        if column == "worker":
+            # `live (host:pid)` whole: what an operator greps for.
+            table.add_column(column, no_wrap=True, min_width=26)
+            continue
+        table.add_column(
+            column,
+            no_wrap=column in ("host", "name", "state", "fails"),
+            max_width=28 if column in ("pool", "approot") else None,
+        )
     for i, row in enumerate(rows):
         bed = beds[row["name"]]
         first = i == 0 or rows[i - 1]["host_group"] != row["host_group"]
