@@ -269,8 +269,11 @@ def test_doctor_canary_on_a_clean_and_a_contaminated_bed(
     with serving(farm, farm_home / "serve.log") as server:
         client = Client(server.url)
         assert client.login().status == 303
-        page = client.get("/beds").body
+        tiles = client.get("/beds").body
+        page = client.get(f"/beds?bed={dirty.name}").body
         api = json.loads(client.get("/api/beds").body)
+    # The bed's tile shows its canary's last result; the bed's own view the whole line.
+    assert 'data-field="canary" class="bad">contaminated<' in tiles, tiles
     assert "canary:" in page and "contaminated" in page and "1 run, 1 failed" in page, page
     beds = {b["name"]: b for group in api["hosts"] for b in group["beds"]}
     assert beds[clean.name]["canary"]["last_result"] == "healthy"

@@ -146,8 +146,8 @@ def test_pages_render_without_errors(watched: Watched, farm: DashFarm, tmp_path:
     assert page.locator("#attempts-table tbody tr").count() == 12
     watched.shot(tmp_path, "attempts")
     page = watched.goto("/beds")
-    assert page.locator("article.bed").count() == 3
-    assert page.locator("article.bed.quarantined").count() == 1
+    assert page.locator("a.tile").count() == 3
+    assert page.locator("a.tile.quarantined").count() == 1
     watched.shot(tmp_path, "beds")
     page = watched.goto(f"/attempts/{farm.hostile_attempt + 1}")
     page.locator("details.phase", has_text="diff").first.wait_for()
@@ -289,7 +289,7 @@ def test_actions_from_the_forms(
     page = watched.goto("/beds")
     page.click("form.release-form button")
     page.wait_for_url("**/beds?done=released")
-    assert page.locator("article.bed.quarantined").count() == 0
+    assert page.locator("a.tile.quarantined").count() == 0
     # A browser that never logged in sees the login form, and no action form.
     stranger = browser.new_context()
     try:

@@ -40,6 +40,7 @@ FOUNDATIONS = {
     "apg_farm.specs",
     "apg_farm.strict_yaml",
     "apg_farm.sequential",
+    "apg_farm.printable",
 }
 #: Code checked strictly (tests/ may import a module it tests directly).
 CHECKED = ("apg_farm", "scheduler", "workers", "bench", "fixtures")

@@ -5,7 +5,7 @@ beds over SSH and `inventory` applies a whole pool from one file; `escrow` recor
 escrow set and `identity` the baseline it holds (set key, code versions); `maintenance` runs
 provision, escrow and doctor; `upgrade` rolls an upgrade across a pool; `mounts` asks Docker
 what a bed's web container can see; `clone` grows a pool by a checked copy
-of an escrowed bed. Imports store, contract and transports.
+of an escrowed bed; `triage` orders beds by what they need (quarantined, stuck, failing first). Imports store, contract and transports.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from apg_farm.beds.registry import (
     validate_new_bed,
 )
 from apg_farm.beds.remote import NewRemoteBed, add_remote_bed, set_docker_host
+from apg_farm.beds.triage import PROBLEMS, SORT_KEYS, problem_of, stuck_beds, triage_rank
 from apg_farm.beds.upgrade import STEPS as UPGRADE_STEPS
 from apg_farm.beds.upgrade import (
     UpgradeOptions,
@@ -46,6 +47,8 @@ from apg_farm.beds.web_environment import arrived as web_settings_arrived
 from apg_farm.beds.web_environment import printenv_argv, web_settings
 
 __all__ = [
+    "PROBLEMS",
+    "SORT_KEYS",
     "UPGRADE_STEPS",
     "CloneRefused",
     "CloneRequest",
@@ -76,6 +79,7 @@ __all__ = [
     "plan_clone",
     "plan_upgrade",
     "printenv_argv",
+    "problem_of",
     "record_ddev_config",
     "record_escrow_set",
     "record_event",
@@ -84,6 +88,8 @@ __all__ = [
     "run_provision",
     "run_upgrade",
     "set_docker_host",
+    "stuck_beds",
+    "triage_rank",
     "validate_new_bed",
     "web_settings",
     "web_settings_arrived",

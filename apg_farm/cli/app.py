@@ -9,10 +9,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
-from rich.table import Table
 
 from apg_farm.cli import analysis as analysis_cli
-from apg_farm.cli import budget, canary, distributed, grow, pool, remote, sweep_file, sweeps
+from apg_farm.cli import (
+    bed_list,
+    budget,
+    canary,
+    distributed,
+    grow,
+    pool,
+    remote,
+    sweep_file,
+    sweeps,
+)
 from apg_farm.cli.common import (
     err,
     human_output,
@@ -56,6 +65,7 @@ db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
 remote.register(app, bed_app)
+bed_list.register(bed_app)
 canary.register(bed_app)
 grow.register(bed_app)
 budget.register(app)
@@ -253,71 +263,6 @@ def bed_add(
             "[yellow]note:[/] no escrow set yet: the bed takes no attempt until `apg-farm bed escrow "
             f"{row.name}` records one (or it is enrolled with --untrusted-verifier)."
         )
-
-
-@bed_app.command("list")
-def bed_list(
-    as_json: Annotated[bool, json_option()] = False,
-) -> None:
-    """List beds, their pool and state (and, with a broker, whether each has a live worker)."""
-    from apg_farm.beds import list_beds
-    from apg_farm.store import BedState
-
-    store = open_store()
-    beds = list_beds(store)
-    # Only the distributed mode has workers to look for.
-    workers = distributed.bed_workers(store) if distributed.broker_configured() else None
-    if as_json:
-        print_json(
-            [
-                {
-                    "name": b.name,
-                    "pool": b.pool,
-                    "state": b.state,
-                    "reason": b.state_reason,
-                    "approot": b.approot,
-                    "transport": b.transport,
-                    "host": b.host,
-                    "escrow_set": b.escrow_set,
-                    "untrusted_verifier": b.untrusted_verifier,
-                    "canary": canary.canary_of(b),
-                    **(
-                        {"worker": w.as_dict() if (w := workers.get(b.name)) else None}
-                        if workers is not None
-                        else {}
-                    ),
-                }
-                for b in beds
-            ]
-        )
-        return
-    table = Table(title="beds")
-    columns = ["name", "pool", "state", "reason", "approot", "verifier", "canary"]
-    for column in columns + (["worker"] if workers is not None else []):
-        table.add_column(column)
-    for b in beds:
-        style = "red" if b.state == BedState.QUARANTINED else ""
-        verifier = (
-            "escrow (trusted)"
-            if b.escrow_set
-            else "[yellow]ddev wrapper (--untrusted-verifier)[/]"
-            if b.untrusted_verifier
-            else "[red]none: takes no attempt until escrowed[/]"
-        )
-        table.add_row(
-            b.name,
-            b.pool,
-            f"[{style}]{b.state}[/]" if style else b.state,
-            b.state_reason or "",
-            b.approot if b.transport == "local" else f"{b.ssh_user}@{b.host}:{b.approot}",
-            verifier,
-            canary.canary_cell(b),
-            *([distributed.describe_worker(workers.get(b.name))] if workers is not None else []),
-        )
-    out.print(table)
-    if workers is not None:
-        for problem in distributed.pools_without_worker(store):
-            err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
 
 
 @bed_app.command("doctor")

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from apg_farm.cli.common import err, json_option, machine_output, open_store, out, print_json
 from apg_farm.errors import BadInput
+from apg_farm.printable import printable
 
 if TYPE_CHECKING:
     from apg_farm.store import Bed
@@ -40,7 +42,7 @@ def canary_cell(bed: Bed) -> str:
     result = found["last_result"]
     style = "green" if result == "healthy" else "yellow" if result == "inconclusive" else "red"
     when = str(found["last_at"] or "")[:19].replace("T", " ")
-    return f"[{style}]{result}[/] {when} UTC ({found['count']} run, {found['failures']} failed)"
+    return f"[{style}]{escape(printable(result))}[/] {escape(when)} UTC ({found['count']} run, {found['failures']} failed)"
 
 
 def doctor_canary(
@@ -82,12 +84,12 @@ def doctor_canary(
     if as_json:
         print_json({**dataclasses.asdict(result), "healthy": result.healthy})
     elif result.healthy:
-        out.print(result.line(), soft_wrap=True, markup=False)
+        out.print(printable(result.line()), soft_wrap=True, markup=False)
     if result.healthy:
         return
     if as_json:
         raise typer.Exit(1)
-    err.print(result.line(), soft_wrap=True, markup=False)
+    err.print(printable(result.line()), soft_wrap=True, markup=False)
     raise typer.Exit(1)
 
 
@@ -140,10 +142,12 @@ def register(bed_app: typer.Typer) -> None:
             return
         settings = found["settings"]
         out.print(
-            f"bed {name}: canary every {settings['every'] or '-'} executions / "
-            f"{settings['hours'] or '-'} h, task {settings['task'] or '(newest sweep of the pool)'}"
-            f"; {found['count']} run, {found['failures']} failed, last "
-            f"{found['last_result'] or 'never'} {found['last_at'] or ''}",
+            printable(
+                f"bed {name}: canary every {settings['every'] or '-'} executions / "
+                f"{settings['hours'] or '-'} h, task {settings['task'] or '(newest sweep of the pool)'}"
+                f"; {found['count']} run, {found['failures']} failed, last "
+                f"{found['last_result'] or 'never'} {found['last_at'] or ''}"
+            ),
             soft_wrap=True,
             markup=False,
         )

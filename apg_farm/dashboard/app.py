@@ -291,11 +291,13 @@ def attempts_list_page(request: Request) -> Response:
 
 def beds_page(request: Request) -> Response:
     store = dashboard_of(request).store
+    overview = data.beds_overview(store)
     return render(
         request,
         "beds.html",
         {
-            "overview": data.beds_overview(store),
+            "overview": overview,
+            "by_name": {b["name"]: b for group in overview["hosts"] for b in group["beds"]},
             "done": request.query_params.get("done", ""),
             "bed": request.query_params.get("bed", ""),
         },

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from apg_farm.beds import problem_of, stuck_beds, triage_rank
 from apg_farm.errors import NotFound
 from apg_farm.results import MAX_ID, list_sweeps, watch_snapshot
 from apg_farm.scheduler import pool_shares
@@ -260,8 +261,10 @@ def canary_history(meta: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def beds_overview(store: Store) -> dict[str, Any]:
-    """Every bed grouped by host: state and reason, what it runs now (phase and for how long),
-    its latest executions and events."""
+    """Every bed grouped by host (hosts with the worst bed first, and in a host those that need a
+    person first: `apg_farm.beds.triage`): state and reason, what it runs now (phase and for how
+    long), its last result, its latest executions and events; the beds that need a person."""
+    stuck = stuck_beds(store)
     with store.read() as session:
         running = _running_by_bed(store, session)
         beds = list(session.scalars(select(Bed).order_by(Bed.host, Bed.name)))
@@ -297,9 +300,21 @@ def beds_overview(store: Store) -> dict[str, Any]:
                 .order_by(BedEvent.id.desc())
                 .limit(BED_EVENTS)
             ).all()
+            history = canary_history(bed.meta)
+            rank = triage_rank(
+                bed.state,
+                stuck=bed.name in stuck,
+                failures=bed.consecutive_errors,
+                canary_result=history["last_result"],
+                running=bed.name in running,
+            )
             hosts[bed.host or "local"].append(
                 {
                     "name": bed.name,
+                    "rank": rank,
+                    "problem": problem_of(rank),
+                    "lease_expired_seconds": stuck.get(bed.name),
+                    "last_result": next((e[2] for e in executions if e[2]), None),
                     "pool": bed.pool,
                     "state": bed.state,
                     "reason": bed.state_reason,
@@ -311,7 +326,7 @@ def beds_overview(store: Store) -> dict[str, Any]:
                     "untrusted_verifier": bed.untrusted_verifier,
                     "failures_in_a_row": bed.consecutive_errors,
                     "running": running.get(bed.name),
-                    "canary": canary_history(bed.meta),
+                    "canary": history,
                     "executions": [
                         {
                             "id": e_id,
@@ -346,9 +361,32 @@ def beds_overview(store: Store) -> dict[str, Any]:
                     ],
                 }
             )
+    groups = [_host_group(host, rows) for host, rows in hosts.items()]
+    groups.sort(key=lambda g: (g["worst"], g["host"]))
+    everyone = [b for g in groups for b in g["beds"]]
     return {
-        "hosts": [{"host": host, "beds": rows} for host, rows in sorted(hosts.items())],
+        "hosts": groups,
         "states": dict(Counter(b.state for b in beds)),
+        "problems": dict(Counter(b["problem"] for b in everyone if b["problem"])),
+        # Quarantined, stuck and failing beds of every host, worst first: the page's first rows.
+        "attention": [
+            b["name"]
+            for b in sorted(everyone, key=lambda b: (b["rank"], b["name"]))
+            if b["problem"]
+        ],
+    }
+
+
+def _host_group(host: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A host's beds, those that need a person first, with its counts by state and problem."""
+    rows.sort(key=lambda b: (b["rank"], b["name"]))
+    return {
+        "host": host,
+        "beds": rows,
+        "worst": min(b["rank"] for b in rows),
+        "states": dict(Counter(b["state"] for b in rows)),
+        "problems": dict(Counter(b["problem"] for b in rows if b["problem"])),
+        "running": sum(1 for b in rows if b["running"]),
     }
 
 

@@ -18,6 +18,8 @@ from apg_farm.results.stop_report import stop_section
 #: One colour per model, in the sweep's model order (colour-blind-safe Okabe-Ito palette).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 
+# Figures stay on one line; text cells (td.l: names, reasons, hashes) wrap, so a long
+# quarantine reason stays in view instead of widening its table past the page.
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
 max-width:1100px;color:#222;padding:0 1em}
@@ -25,6 +27,7 @@ h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:2em;border-
 table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}
 th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
 th{background:#f5f5f5;font-weight:600}td.l,th.l{text-align:left}
+td.l{white-space:normal;overflow-wrap:anywhere;min-width:4em}
 .wrap{overflow-x:auto}td.warn{color:#a15c00;font-weight:600}.muted{color:#777}.bad{color:#b00020;font-weight:600}
 .caption{color:#555;font-size:.92em;max-width:900px}code{font-size:.9em}
 svg text{font:12px system-ui,sans-serif}.swatch{display:inline-block;width:.9em;height:.9em;

@@ -19,6 +19,7 @@ from rich.text import Text
 from sqlalchemy import func, select
 
 from apg_farm.contract import COUNTED, Outcome
+from apg_farm.printable import printable
 from apg_farm.results.analysis import PHASE_ORDER
 from apg_farm.results.queries import attempt_counts
 from apg_farm.results.stats import quantile
@@ -212,8 +213,10 @@ def _pace_lines(pace: dict[str, Any] | None) -> list[RenderableType]:
         wait = f"until {gate['until']}" if gate["waiting_for"] == "back-off" else "probe running"
         lines.append(
             Text(
-                f"model {gate['model']} paused: provider trouble ({gate['trouble']}), "
-                f"{gate['trips']} in a row, {wait}",
+                printable(
+                    f"model {gate['model']} paused: provider trouble ({gate['trouble']}), "
+                    f"{gate['trips']} in a row, {wait}"
+                ),
                 style="yellow",
             )
         )
@@ -229,7 +232,7 @@ def render_watch(snap: dict[str, Any]) -> RenderableType:
     sweep = snap["sweep"]
     finished = snap["queued"] == 0 and not snap["running"]
     header = Text.assemble(
-        (f"sweep {sweep['name']} (id {sweep['id']}, {sweep['state']})", "bold"),
+        (f"sweep {printable(sweep['name'])} (id {sweep['id']}, {sweep['state']})", "bold"),
         f"  {snap['done']}/{snap['total']} done, {len(snap['running'])} running, "
         f"{snap['queued']} queued on {snap['active_beds']} active beds  ",
         ("finished" if finished else f"ETA {_clock(snap['eta_seconds'])}", "cyan"),
@@ -241,7 +244,7 @@ def render_watch(snap: dict[str, Any]) -> RenderableType:
         progress.add_column(name, justify="right")
     for row in snap["models"]:
         progress.add_row(
-            row["model"],
+            escape(printable(row["model"])),
             f"{row['done']}/{row['total']}",
             str(row["running"]),
             f"{row['passed']}/{row['counted']}",
@@ -254,12 +257,10 @@ def render_watch(snap: dict[str, Any]) -> RenderableType:
         beds.add_column(name, no_wrap=True)
     for row in snap["running"]:
         beds.add_row(
-            row["bed"],
-            row["task"],
-            row["model"],
+            *(escape(printable(row[k])) for k in ("bed", "task", "model")),
             str(row["trial"]),
             str(row["execution"]),
-            row["phase"],
+            escape(printable(row["phase"])),
             _clock(row["phase_elapsed"]),
             _clock(row["elapsed"]),
         )
@@ -271,6 +272,6 @@ def render_watch(snap: dict[str, Any]) -> RenderableType:
         quarantine.add_column("bed", no_wrap=True)
         quarantine.add_column("reason")
         for row in snap["quarantined"]:
-            quarantine.add_row(escape(row["bed"]), escape(row["reason"] or ""))
+            quarantine.add_row(escape(printable(row["bed"])), escape(printable(row["reason"])))
         parts.append(quarantine)
     return Group(*parts)

@@ -156,6 +156,101 @@
     }
   }
 
+  // The beds page (templates/beds.html): a tile per bed, grouped by host, the beds that need a
+  // person in a table above them. Filtering is client side; removed beds show on request.
+  function canaryWord(c) {
+    return !c || !c.count ? "never" : c.last_result;
+  }
+
+  function canaryClass(c) {
+    if (!c || !c.count) {
+      return "muted";
+    }
+    return c.last_result === "healthy" ? "ok" : c.last_result === "inconclusive" ? "warn" : "bad";
+  }
+
+  function renderBeds(data) {
+    var beds = {};
+    data.hosts.forEach(function (group) {
+      group.beds.forEach(function (b) { beds[b.name] = b; });
+    });
+    var section = byId("attention");
+    var shown = section ? section.dataset.attention : "";
+    var filter = byId("bed-filter");
+    if (shown !== data.attention.join(" ") && !(filter && filter.value)) {
+      // A bed came to need a person, or stopped to: the page's order changes, so read it anew.
+      window.location.reload();
+      return;
+    }
+    document.querySelectorAll("a.tile[data-bed]").forEach(function (tile) {
+      var b = beds[tile.dataset.bed];
+      if (!b) {
+        return;
+      }
+      // Text only: every value here may quote what a bed printed.
+      tile.className = "tile " + b.state + (b.problem ? " " + b.problem : "");
+      var put = function (field, text, className) {
+        var el = tile.querySelector('[data-field="' + field + '"]');
+        if (el) {
+          el.textContent = String(text);
+          if (className !== undefined) {
+            el.className = className;
+          }
+        }
+      };
+      put("state", b.problem || b.state);
+      put("now", b.running ? b.running.phase + " " + clock(b.running.phase_elapsed) : "idle");
+      put("last", b.last_result || "—");
+      put("canary", canaryWord(b.canary), canaryClass(b.canary));
+    });
+    filterBeds();
+  }
+
+  function filterBeds() {
+    // Shows the tiles and rows whose text holds every word typed; a host with none is hidden.
+    var box = byId("bed-filter");
+    var words = box ? box.value.toLowerCase().split(/\s+/).filter(Boolean) : [];
+    var removed = byId("show-removed");
+    var withRemoved = Boolean(removed && removed.checked);
+    body.classList.toggle("show-removed", withRemoved);
+    var count = 0;
+    document.querySelectorAll("[data-search]").forEach(function (el) {
+      var text = el.dataset.search.toLowerCase();
+      var match = words.every(function (w) { return text.indexOf(w) !== -1; });
+      el.hidden = !match;
+      if (match && el.classList.contains("tile") && (withRemoved || !el.classList.contains("removed"))) {
+        count += 1;
+      }
+    });
+    document.querySelectorAll("section.host").forEach(function (host) {
+      var visible = Array.prototype.some.call(host.querySelectorAll("a.tile"), function (tile) {
+        return !tile.hidden && (withRemoved || !tile.classList.contains("removed"));
+      });
+      host.hidden = !visible;
+    });
+    var attention = byId("attention");
+    if (attention) {
+      attention.hidden = !attention.querySelector("tr[data-search]:not([hidden])");
+    }
+    setText("filter-count", words.length ? count + " beds match" : "");
+  }
+
+  function setUpBeds() {
+    var box = byId("bed-filter");
+    var removed = byId("show-removed");
+    if (box) {
+      box.addEventListener("input", filterBeds);
+    }
+    if (removed) {
+      removed.addEventListener("change", filterBeds);
+    }
+    filterBeds();
+  }
+
+  if (page === "beds") {
+    setUpBeds();
+  }
+
   var render = {
     sweeps: function (data) {
       var rows = {};
@@ -257,50 +352,7 @@
     },
 
     beds: function (data) {
-      var beds = {};
-      data.hosts.forEach(function (group) {
-        group.beds.forEach(function (b) { beds[b.name] = b; });
-      });
-      document.querySelectorAll("[data-bed]").forEach(function (article) {
-        var b = beds[article.dataset.bed];
-        if (!b) {
-          return;
-        }
-        var state = article.querySelector('[data-field="state"]');
-        if (state) {
-          state.textContent = b.state;
-        }
-        var canary = article.querySelector('[data-field="canary"]');
-        var c = b.canary;
-        if (canary && c) {
-          // Text only: a canary's reason quotes what a bed printed.
-          canary.textContent = "canary: " + (c.count
-            ? c.last_result + " at " + c.last_at + " · " + c.count + " run, " + c.failures + " failed" +
-              (c.last_failure_at ? " (last failure " + c.last_failure_at + ")" : "") + " · " + (c.last_reason || "")
-            : "never run");
-          canary.className = "canary " + (!c.count ? "muted" : c.last_result === "healthy" ? "ok" : c.last_result === "inconclusive" ? "warn" : "bad");
-        }
-        var now = article.querySelector('[data-field="now"]');
-        if (!now) {
-          return;
-        }
-        now.replaceChildren();
-        var r = b.running;
-        if (!r) {
-          now.textContent = "idle";
-          return;
-        }
-        now.appendChild(document.createTextNode("running "));
-        var link = document.createElement("a");
-        link.href = "/attempts/" + encodeURIComponent(String(r.attempt_id));
-        link.textContent = r.task + " · " + r.model + " #" + r.trial;
-        now.appendChild(link);
-        now.appendChild(document.createTextNode(" of " + r.sweep + " (try " + r.execution + "): phase "));
-        var phase = document.createElement("b");
-        phase.textContent = r.phase;
-        now.appendChild(phase);
-        now.appendChild(document.createTextNode(" for " + clock(r.phase_elapsed) + ", " + clock(r.elapsed) + " in all"));
-      });
+      renderBeds(data);
     },
 
     attempt: function (data) {
