@@ -199,8 +199,9 @@
         td(tr, row.model, "l");
         td(tr, row.trial);
         td(tr, row.execution);
-        td(tr, row.phase, "l");
-        td(tr, clock(row.phase_elapsed));
+        // No phase: the bed is between two commands (the engine records one, starts the next).
+        td(tr, row.phase || "—", "l");
+        td(tr, row.phase ? clock(row.phase_elapsed) : "—");
         td(tr, clock(row.elapsed));
       }, "no attempt running", 8);
       list("quarantined", snap.quarantined.map(function (q) {
@@ -247,11 +248,17 @@
         link.href = "/attempts/" + encodeURIComponent(String(r.attempt_id));
         link.textContent = r.task + " · " + r.model + " #" + r.trial;
         now.appendChild(link);
-        now.appendChild(document.createTextNode(" of " + r.sweep + " (try " + r.execution + "): phase "));
-        var phase = document.createElement("b");
-        phase.textContent = r.phase;
-        now.appendChild(phase);
-        now.appendChild(document.createTextNode(" for " + clock(r.phase_elapsed) + ", " + clock(r.elapsed) + " in all"));
+        now.appendChild(document.createTextNode(" of " + r.sweep + " (try " + r.execution + "): "));
+        if (r.phase) {
+          now.appendChild(document.createTextNode("phase "));
+          var phase = document.createElement("b");
+          phase.textContent = r.phase;
+          now.appendChild(phase);
+          now.appendChild(document.createTextNode(" for " + clock(r.phase_elapsed)));
+        } else {
+          now.appendChild(document.createTextNode("between phases"));
+        }
+        now.appendChild(document.createTextNode(", " + clock(r.elapsed) + " in all"));
       });
     },
 
