@@ -12,7 +12,7 @@ from sqlalchemy import update
 
 from apg_farm.results import render_watch, watch_snapshot
 from apg_farm.scheduler import submit
-from apg_farm.store import Bed, BedState, Execution, Phase, Store, claim_next, utcnow
+from apg_farm.store import Bed, BedState, Execution, Store, claim_next, start_phase, utcnow
 from apg_farm.workers import AttemptEngine
 from tests.simbeds import make_beds, spec
 
@@ -24,7 +24,7 @@ def test_snapshot_and_render_mid_sweep(store: Store, tmp_path: Path) -> None:
     sweep_id = submit(store, spec("live", tasks=1, models=2, trials=2, diff=False)).sweep_id
     report = AttemptEngine(store, "bed0", worker="w0").run_next(sweep_id=sweep_id)
     assert report is not None and report.outcome is not None
-    # and one claimed by bed1 whose verify_before ended 8 s ago, 30 s into the execution
+    # and one claimed by bed1, 30 s into the execution, whose reset started 8 s ago
     claim = claim_next(store, beds[1].id, lease_seconds=600, worker="w1", sweep_id=sweep_id)
     assert claim is not None
     now = utcnow()
@@ -34,23 +34,13 @@ def test_snapshot_and_render_mid_sweep(store: Store, tmp_path: Path) -> None:
             .where(Execution.id == claim.execution_id)
             .values(started_at=now - timedelta(seconds=30))
         )
-        session.add(
-            Phase(
-                execution_id=claim.execution_id,
-                name="verify_before",
-                argv=["verify"],
-                rc=0,
-                exit_code=0,
-                started_at=now - timedelta(seconds=30),
-                finished_at=now - timedelta(seconds=8),
-                duration=22.0,
-            )
-        )
         session.execute(
             update(Bed)
             .where(Bed.id == beds[2].id)
             .values(state=BedState.QUARANTINED, state_reason="reset failed: APG_RESET_GRADER_DRIFT")
         )
+
+    start_phase(store, beds[1].id, "reset", now - timedelta(seconds=8))
 
     # When the view is read
     snap = watch_snapshot(store, sweep_id, now=now)
@@ -61,7 +51,7 @@ def test_snapshot_and_render_mid_sweep(store: Store, tmp_path: Path) -> None:
     assert sum(m["running"] for m in snap["models"]) == 1
     [running] = snap["running"]
     assert running["bed"] == "bed1" and running["task"] == claim.task
-    assert (running["phase"], running["last_phase"]) == ("reset", "verify_before")
+    assert running["phase"] == "reset"
     assert running["elapsed"] == pytest.approx(30, abs=0.01)
     assert running["phase_elapsed"] == pytest.approx(8, abs=0.01)
     assert snap["quarantined"] == [

@@ -38,6 +38,7 @@ from apg_farm.store import (
     canary_tasks,
     hold_for_canary,
     record_canary,
+    start_phase,
     utcnow,
 )
 from apg_farm.transports import CommandResult, Transport, host_environment, transport_for
@@ -103,7 +104,7 @@ def run_canary(
         return CanaryResult(bed.name, "busy", refused)
     own = transport is None
     transport = transport or transport_for(bed)
-    run = _Canary(bed, transport)
+    run = _Canary(store, bed, transport)
     started = time.monotonic()
     try:
         result, reason, quarantine, chosen = run.execute(tasks[:MAX_CANDIDATES], dataset)
@@ -143,7 +144,8 @@ def run_canary(
 class _Canary:
     """The phases of one canary on one bed, each kept as evidence."""
 
-    def __init__(self, bed: Bed, transport: Transport) -> None:
+    def __init__(self, store: Store, bed: Bed, transport: Transport) -> None:
+        self.store = store
         self.bed = bed
         self.transport = transport
         self.env = bed_environment(
@@ -247,6 +249,8 @@ class _Canary:
         stdout_limit: int = EVIDENCE_LIMIT,
     ) -> tuple[contract.PhaseOutput, CommandResult]:
         started = utcnow()
+        # On the bed's row for the live views; record_canary clears it at the end.
+        self.store.retrying(lambda: start_phase(self.store, self.bed.id, name, started))
         result = self.transport.run(
             argv,
             cwd=self.bed.approot,

@@ -85,6 +85,7 @@ from apg_farm.store import (
     record_phase,
     record_verdict,
     renew_lease,
+    start_phase,
     utcnow,
 )
 from apg_farm.transports import (
@@ -326,10 +327,12 @@ class AttemptEngine:
             return self._run(claim, harness)
 
     def _run(self, claim: Claim, harness: Harness | None = None) -> AttemptReport:
-        with self.store.session() as session:
-            bed = replace(
-                BedInfo.of(session.get_one(Bed, self.bed_id)), agent_stopped=claim.agent_stopped
-            )
+        def read_bed() -> BedInfo:
+            with self.store.session() as session:
+                return BedInfo.of(session.get_one(Bed, self.bed_id))
+
+        # A read, safe to repeat: a connection lost right after the claim costs a retry here too.
+        bed = replace(self.store.retrying(read_bed), agent_stopped=claim.agent_stopped)
         attempt = _Attempt(self, bed, claim, harness)
         with _Lease(self.store, claim, self.lease_seconds) as lease:
             attempt.lease = lease
@@ -929,6 +932,7 @@ class _Attempt:
         self.agent_started = True
         self.engine.store.retrying(self._record_agent_started)
         started, clock = utcnow(), time.monotonic()
+        self._starting("agent", started)
         end: HarnessEnd = harness.run(self)
         # The harness made the model calls and metered them (the agent cannot write this): it
         # is recorded whatever the verdict, a tampered attempt's spend included.
@@ -1022,6 +1026,7 @@ class _Attempt:
     ) -> tuple[PhaseOutput, CommandResult]:
         self._check_boundary()
         started = utcnow()
+        self._starting(name, started)
         result = self.engine.transport.run(
             argv,
             cwd=self.bed.approot,
@@ -1034,6 +1039,11 @@ class _Attempt:
         self.bed_seconds += result.duration
         self._record(name, result, output, started)
         return output, result
+
+    def _starting(self, name: str, started: datetime) -> None:
+        """The phase the bed starts now, on its row for the live views (recording it clears it)."""
+        store = self.engine.store
+        store.retrying(lambda: start_phase(store, self.bed.id, name, started))
 
     def _record(
         self, name: str, result: CommandResult, output: PhaseOutput, started: datetime
@@ -1051,6 +1061,7 @@ class _Attempt:
                 output,
                 started,
                 sweep_id=self.claim.sweep_id,
+                bed_id=self.bed.id,
                 repeat=tries[0] > 1,
             )
 

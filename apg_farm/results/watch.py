@@ -16,11 +16,10 @@ from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from apg_farm.contract import COUNTED, Outcome
 from apg_farm.printable import printable
-from apg_farm.results.analysis import PHASE_ORDER
 from apg_farm.results.queries import attempt_counts
 from apg_farm.results.stats import quantile
 from apg_farm.store import (
@@ -29,7 +28,6 @@ from apg_farm.store import (
     Bed,
     BedState,
     Execution,
-    Phase,
     Store,
     Sweep,
     pace_status,
@@ -38,15 +36,6 @@ from apg_farm.store import utcnow as _utcnow
 
 #: Executions, the latest finished, whose median duration paces the ETA.
 PACE = 1000
-
-
-def _next_phase(last: str | None) -> str:
-    """The phase an execution is in: the one after the last phase it recorded."""
-    if last is None:
-        return PHASE_ORDER[0]
-    if last in PHASE_ORDER and last != PHASE_ORDER[-1]:
-        return PHASE_ORDER[PHASE_ORDER.index(last) + 1]
-    return "finishing"
 
 
 def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) -> dict[str, Any]:
@@ -61,9 +50,10 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
                 Attempt.task,
                 Attempt.model,
                 Attempt.trial,
-                Execution.id,
                 Execution.number,
                 Execution.started_at,
+                Bed.phase,
+                Bed.phase_started_at,
             )
             .join(Execution, Execution.attempt_id == Attempt.id)
             .join(Bed, Bed.id == Execution.bed_id)
@@ -72,23 +62,11 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
                 Attempt.state == AttemptState.RUNNING,
                 Execution.bed_id == Attempt.bed_id,
                 Execution.finished_at.is_(None),
+                # Not a try the reconciler closed as LOST when the same bed took it again.
+                Execution.result.is_(None),
             )
             .order_by(Bed.name)
         ).all()
-        last_phase = {}
-        if running:
-            latest = (
-                select(Phase.execution_id, func.max(Phase.id).label("id"))
-                .where(Phase.execution_id.in_([r.id for r in running]))
-                .group_by(Phase.execution_id)
-                .subquery()
-            )
-            for execution_id, name, finished in session.execute(
-                select(Phase.execution_id, Phase.name, Phase.finished_at).join(
-                    latest, latest.c.id == Phase.id
-                )
-            ):
-                last_phase[execution_id] = (name, finished)
         # The pace of the latest executions, what the ETA needs: walked back from the newest
         # execution (EXISTS, not a join, so the database stops after PACE rows, not sorts all).
         mine = (
@@ -138,9 +116,9 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
     ]
 
     running_rows: list[dict[str, Any]] = []
-    for bed, task, model, trial, execution_id, number, started in running:
-        last = last_phase.get(execution_id)
-        since = last[1] if last else started
+    for bed, task, model, trial, number, started, phase, phase_started in running:
+        # The bed command running now, as the engine wrote it when it started (None between
+        # two commands): never guessed from the phases recorded so far.
         running_rows.append(
             {
                 "bed": bed,
@@ -148,9 +126,13 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
                 "model": model,
                 "trial": trial,
                 "execution": number,
-                "phase": _next_phase(last[0] if last else None),
-                "last_phase": last[0] if last else None,
-                "phase_elapsed": max(0.0, (now - since).total_seconds()),
+                "phase": phase,
+                "phase_started_at": (
+                    phase_started.isoformat(timespec="milliseconds") if phase_started else None
+                ),
+                "phase_elapsed": (
+                    max(0.0, (now - phase_started).total_seconds()) if phase_started else None
+                ),
                 "elapsed": max(0.0, (now - started).total_seconds()),
             }
         )
@@ -260,8 +242,8 @@ def render_watch(snap: dict[str, Any]) -> RenderableType:
             *(escape(printable(row[k])) for k in ("bed", "task", "model")),
             str(row["trial"]),
             str(row["execution"]),
-            escape(printable(row["phase"])),
-            _clock(row["phase_elapsed"]),
+            escape(printable(row["phase"])) if row["phase"] else "—",
+            _clock(row["phase_elapsed"]) if row["phase"] else "—",
             _clock(row["elapsed"]),
         )
     if not snap["running"]:

@@ -333,6 +333,8 @@ def _claim(
             session.add(execution)
             stopped_before = bool((bed.meta or {}).get(AGENT_STOPPED, True))
             bed.meta = {**(bed.meta or {}), AGENT_STOPPED: False}
+            # No phase of this try runs yet; one a dead predecessor left is not this try's.
+            bed.phase, bed.phase_started_at = None, None
             if admitted == PROBE:
                 gates.hold_for_probe(attempt.model, *backoff)
             session.flush()

@@ -16,6 +16,7 @@ never wait for each other in opposite orders.
 |---|---|---|
 | queued -> running, a new execution | `claim_next` (claims.py) | bed, then candidate attempts (skip locked), then gates |
 | lease extended | `renew_lease` (claims.py) | the attempt row (one UPDATE) |
+| the bed command running now, as it starts and when it is recorded | `start_phase`, `record_phase` | the bed row (one UPDATE) |
 | running -> queued/done, execution result | `record_verdict` | bed, attempt (then the sweep, when it has `stop:`) |
 | queued -> done CANCELLED, the sweep's comparison decided | `stopping.look` (in `record_verdict`) | the sweep, then its queued attempts (skip locked) |
 | execution LOST, the bed's quarantine | `record_lost` | bed |
@@ -271,7 +272,9 @@ def _fill(execution: Execution, evidence: Evidence, verdict: Verdict) -> None:
 
 
 def _mark_bed(bed: Bed, evidence: Evidence) -> None:
-    """Record on the bed whether this attempt left it with no agent process running."""
+    """Record on the bed whether this attempt left it with no agent process running; nothing
+    of it runs there any more (a command that raised left its phase set)."""
+    bed.phase, bed.phase_started_at = None, None
     meta = {**(bed.meta or {}), AGENT_STOPPED: evidence.agent_stopped}
     if evidence.stop_listing is not None:
         meta[STOP_LISTING] = evidence.stop_listing
@@ -301,6 +304,29 @@ def mark_agent_started(store: Store, execution_id: int) -> None:
         )
 
 
+def start_phase(store: Store, bed_id: int, name: str, started: datetime) -> None:
+    """The bed command starting now, for the live views (`sweep status`, the dashboard): one
+    UPDATE of the bed row, safe to repeat. `record_phase` clears it when the command is
+    recorded, a verdict or a canary's end when it never was (the command raised)."""
+    with store.session() as session:
+        session.execute(
+            update(Bed)
+            .where(Bed.id == bed_id)
+            .values(phase=name, phase_started_at=started)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def _phase_ended(session: Session, bed_id: int, name: str, started: datetime) -> None:
+    """Clear the bed's running phase if it is still this one (a later start stays)."""
+    session.execute(
+        update(Bed)
+        .where(Bed.id == bed_id, Bed.phase == name, Bed.phase_started_at == started)
+        .values(phase=None, phase_started_at=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def record_phase(
     store: Store,
     execution_id: int,
@@ -310,12 +336,17 @@ def record_phase(
     started: datetime,
     *,
     sweep_id: int,
+    bed_id: int | None = None,
     repeat: bool = False,
 ) -> str | None:
     """One bed command's record, and the sweep's state read in the same transaction (the next
-    phase boundary's cancel check). `repeat`: a retry after a commit that may have gone through,
-    so a record of the same phase start already there is not written twice."""
+    phase boundary's cancel check); with `bed_id`, the bed's running phase (`start_phase`)
+    cleared if it is this one. `repeat`: a retry after a commit that may have gone through, so
+    a record of the same phase start already there is not written twice."""
     with store.session() as session:
+        if bed_id is not None:
+            # The bed row first, the lock order of every path that takes it.
+            _phase_ended(session, bed_id, name, started)
         state = session.scalar(select(Sweep.state).where(Sweep.id == sweep_id))
         if repeat and session.scalar(
             select(Phase.id).where(
@@ -813,6 +844,8 @@ def hold_for_canary(
             return f"a canary by {holder[0]} holds it"
         until = now + timedelta(seconds=seconds)
         bed.meta = {**(bed.meta or {}), CANARY_HOLD: {"until": until.isoformat(), "by": by}}
+        # Nothing runs yet: a phase left by a worker that died is not the canary's.
+        bed.phase, bed.phase_started_at = None, None
         return None
 
 
@@ -840,6 +873,7 @@ def record_canary(
         session.add(event)
         session.flush()
         meta = {k: v for k, v in (bed.meta or {}).items() if k != CANARY_HOLD}
+        bed.phase, bed.phase_started_at = None, None
         summary = dict(meta.get(CANARY) or {})
         at = utcnow().isoformat()
         failed = result != HEALTHY and result != INCONCLUSIVE

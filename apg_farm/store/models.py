@@ -152,6 +152,12 @@ class Bed(Base):
     state: Mapped[str] = mapped_column(String(20), default=BedState.ACTIVE)
     state_reason: Mapped[str | None] = mapped_column(Text)
     consecutive_errors: Mapped[int] = mapped_column(Integer, default=0)
+    #: The bed command running now (an attempt's phase or a canary's), written as it starts and
+    #: cleared when it is recorded (lifecycle.start_phase, record_phase): what the live views
+    #: show. None between commands and when the bed is idle.
+    phase: Mapped[str | None] = mapped_column(String(40))
+    #: When `phase` started (the clock its phase row will carry).
+    phase_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

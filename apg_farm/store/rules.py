@@ -174,6 +174,8 @@ def count_lost_try(session: Session, bed_id: int) -> None:
     if bed is None:
         return
     bed.consecutive_errors += 1
+    # Its worker is gone: the phase it last started runs no more (or nobody watches it).
+    bed.phase, bed.phase_started_at = None, None
     if bed.state == BedState.ACTIVE and bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
         bed.state = BedState.QUARANTINED
         bed.state_reason = (

@@ -199,7 +199,7 @@
         }
       };
       put("state", b.problem || b.state);
-      put("now", b.running ? b.running.phase + " " + clock(b.running.phase_elapsed) : "idle");
+      put("now", !b.running ? "idle" : b.running.phase ? b.running.phase + " " + clock(b.running.phase_elapsed) : "between phases");
       put("last", b.last_result || "—");
       put("canary", canaryWord(b.canary), canaryClass(b.canary));
     });
@@ -342,8 +342,9 @@
         td(tr, row.model, "l");
         td(tr, row.trial);
         td(tr, row.execution);
-        td(tr, row.phase, "l");
-        td(tr, clock(row.phase_elapsed));
+        // No phase: the bed is between two commands (the engine records one, starts the next).
+        td(tr, row.phase || "—", "l");
+        td(tr, row.phase ? clock(row.phase_elapsed) : "—");
         td(tr, clock(row.elapsed));
       }, "no attempt running", 8);
       list("quarantined", snap.quarantined.map(function (q) {
