@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from apg_farm.store import Execution, Store
+from apg_farm.store import Bed, BedState, Execution, Store
 from tests.cli_runner import run_main
 
 CLI = [sys.executable, "-m", "apg_farm"]
@@ -49,6 +49,24 @@ def test_demo_runs_and_report_agrees_with_the_store(tmp_path: Path) -> None:
         assert cell["ci_low"] <= cell["pass_rate"] <= cell["ci_high"]
     by_id = farm(home, "report", str(report["sweep"]["id"]), "--format", "json").stdout
     assert json.loads(by_id) == report
+
+
+def test_demo_with_faults_names_the_beds_it_quarantined(tmp_path: Path) -> None:
+    """`demo --faults` ends by saying which faulted beds the farm took out and why, as the
+    store has them (the reset failure and the tampering agent each quarantine their bed)."""
+    home = tmp_path / "home"
+    done = farm(home, "demo", "--faults", "--trials", "2", "--time-scale", "2000")
+    store = Store(f"sqlite:///{home / 'farm.db'}")
+    with store.session() as session:
+        quarantined = {
+            b.name: b.state_reason
+            for b in session.scalars(select(Bed).where(Bed.state == BedState.QUARANTINED))
+        }
+    store.dispose()
+    assert quarantined, done.stdout
+    for name, reason in quarantined.items():
+        assert f"quarantined {name}: {reason[:40]}" in done.stdout, done.stdout
+        assert f"apg-farm bed release {name}" in done.stdout
 
 
 @pytest.mark.parametrize(

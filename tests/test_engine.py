@@ -120,14 +120,18 @@ def test_database_connections_killed_mid_attempt_are_survived(
     victim = Store(f"{pg_store.url}&application_name={victim_name}", upgrade=False)
     engine = AttemptEngine(victim, "bed0", worker="victim")
     stop = threading.Event()
+    killed: list[int] = []
 
     def killer() -> None:
-        while not stop.wait(0.15):
+        # Every 0.4 s: often enough to cut most phases, rarely enough that a claim (a dozen
+        # statements) gets through on a loaded machine; at 0.15 s, under CI's load, none did.
+        while not stop.wait(0.4):
             with pg_store.engine.begin() as conn:
-                conn.exec_driver_sql(
+                rows = conn.exec_driver_sql(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
                     (victim_name,),
-                )
+                ).all()
+            killed.append(sum(1 for (done,) in rows if done))
 
     thread = threading.Thread(target=killer)
     thread.start()
@@ -138,6 +142,7 @@ def test_database_connections_killed_mid_attempt_are_survived(
         thread.join()
         victim.dispose()
     assert all(r is not None and r.outcome in (Outcome.PASSED, Outcome.FAILED) for r in reports)
+    assert sum(killed) >= 3, killed  # the connections were really killed, mid-attempt
     with pg_store.session() as session:
         attempts = session.scalars(select(Attempt)).all()
         executions = session.scalars(select(Execution)).all()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -783,14 +784,8 @@ def export_cmd(
     target = find_sweep(store, sweep)
     done: dict[str, Any] = {"sweep": target.name, "id": target.id, "eee": None, "inspect": None}
     if eee is not None:
-        try:
+        with _writing("--eee", eee):
             result = export_eee(store, target, eee)
-        except OSError as error:
-            raise FarmError(
-                f"cannot write the export under {eee}: {error.strerror}: {error.filename}",
-                field="--eee",
-                fix="give a folder you can write",
-            ) from None
         done["eee"] = {
             "dir": str(eee),
             "attempts": result.attempts,
@@ -811,14 +806,8 @@ def export_cmd(
                 field="--inspect",
                 fix="pip install 'apg-farm[inspect]'",
             ) from None
-        try:
+        with _writing("--inspect", inspect):
             written = write_inspect_logs(store, target, inspect)
-        except OSError as error:
-            raise FarmError(
-                f"cannot write the logs under {inspect}: {error.strerror}: {error.filename}",
-                field="--inspect",
-                fix="give a folder you can write",
-            ) from None
         done["inspect"] = {
             "dir": str(inspect),
             "samples": written.samples,
@@ -829,6 +818,19 @@ def export_cmd(
         )
     if as_json:
         print_json(done)
+
+
+@contextmanager
+def _writing(flag: str, folder: Path) -> Iterator[None]:
+    """An export's write failure (a full disk, a read-only folder) as one line naming it."""
+    try:
+        yield
+    except OSError as error:
+        raise FarmError(
+            f"cannot write the export under {folder}: {error.strerror}: {error.filename}",
+            field=flag,
+            fix="give a folder you can write",
+        ) from None
 
 
 def _export_folder(flag: str, folder: Path, *, force: bool) -> bool:

@@ -156,6 +156,27 @@ def demo_spec(*, trials: int, name: str | None = None, tasks: int = 3) -> SweepS
     )
 
 
+def fault_outcomes(store: Store, names: list[str]) -> list[str]:
+    """One line per faulted bed: quarantined with its reason, or still serving."""
+    from apg_farm.beds import list_beds
+    from apg_farm.printable import printable
+    from apg_farm.store import BedState
+
+    wanted = set(names)
+    lines = []
+    for bed in list_beds(store):
+        if bed.name not in wanted:
+            continue
+        if bed.state == BedState.QUARANTINED:
+            lines.append(
+                f"quarantined {bed.name}: {printable(bed.state_reason)} "
+                f"(release it after a look: apg-farm bed release {bed.name})"
+            )
+        else:
+            lines.append(f"{bed.name} stayed {bed.state}: its fault cost attempts, not the bed")
+    return lines
+
+
 def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults: bool) -> bool:
     """Set up beds, submit the demo sweep, run it embedded, print the table."""
     from apg_farm.results import analyse, find_sweep
@@ -177,6 +198,10 @@ def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults:
     out.print(report_table(report))
     # What each model cost, per attempt and per pass, from the simulated adapters' records.
     out.print(cost_table(report))
+    if faults:
+        # What the faults are there to show: the beds the farm took out, and why.
+        for line in fault_outcomes(store, names[: len(DEMO_FAULTS)]):
+            out.print(line, soft_wrap=True, markup=False)
     # Never wrapped: the command must survive a copy and paste from a narrow terminal.
     out.print(
         f"stored in {store.safe_url()}; see it again with: apg-farm report {sweep.name}",
