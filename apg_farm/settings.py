@@ -161,6 +161,8 @@ OTHER_NAMES = frozenset(
         "APG_FARM_DOCKERD_WAIT",
         "APG_FARM_EXTRA_CA_DIR",
         "APG_FARM_IMAGE_CACHE",
+        # Click's shell completion: the script `--show-completion` prints sets it.
+        "APG_FARM_COMPLETE",
     }
 )
 #: Prefixes of names that belong to the test suite (tests/), never to a farm process.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from apg_farm.store import Store
 from tests.cli_runner import run_process, store_env
 from tests.services import RedisServer
 
@@ -17,6 +18,13 @@ from tests.services import RedisServer
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return store_env(tmp_path / "home", f"sqlite:///{tmp_path / 'farm.db'}")
+
+
+@pytest.fixture
+def farm_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with its store made (read commands never make one)."""
+    Store(env["APG_FARM_DATABASE_URL"]).dispose()
+    return env
 
 
 def test_version_prints_the_package_version(env: dict[str, str]) -> None:
@@ -61,25 +69,27 @@ def test_show_completion_prints_a_script_and_completion_answers(
     assert "bash, zsh, fish" in refused.stderr and refused.stdout == ""
 
 
-def test_verbose_quiet_and_log_level_set_the_farms_loggers(env: dict[str, str]) -> None:
+def test_verbose_quiet_and_log_level_set_the_farms_loggers(farm_env: dict[str, str]) -> None:
     """-v shows the farm's debug lines, none by default; -v with -q, or a level of no name, is
     bad input; the JSON on stdout is the same whatever the level."""
-    plain = run_process(env, "bed", "list", "--json")
+    plain = run_process(farm_env, "bed", "list", "--json")
     assert "DEBUG" not in plain.stderr
-    verbose = run_process(env, "-v", "bed", "list", "--json")
+    verbose = run_process(farm_env, "-v", "bed", "list", "--json")
     assert "DEBUG apg_farm.cli.app: log level DEBUG" in verbose.stderr
     assert verbose.stdout == plain.stdout
-    assert "DEBUG apg_farm" in run_process(env, "--log-level", "debug", "bed", "list").stderr
-    assert "-v/-q" in run_process(env, "-v", "-q", "bed", "list", code=2).stderr
-    assert "--log-level" in run_process(env, "--log-level", "loud", "bed", "list", code=2).stderr
+    assert "DEBUG apg_farm" in run_process(farm_env, "--log-level", "debug", "bed", "list").stderr
+    assert "-v/-q" in run_process(farm_env, "-v", "-q", "bed", "list", code=2).stderr
+    assert (
+        "--log-level" in run_process(farm_env, "--log-level", "loud", "bed", "list", code=2).stderr
+    )
 
 
 def test_the_scheduler_logs_each_pass_and_quiet_silences_it(
-    env: dict[str, str], redis: RedisServer
+    farm_env: dict[str, str], redis: RedisServer
 ) -> None:
     """`apg-farm scheduler` logs one line per pass saying what it did, an idle pass included;
     -q leaves errors only."""
-    broker = {**env, "APG_FARM_BROKER_URL": redis.url}
+    broker = {**farm_env, "APG_FARM_BROKER_URL": redis.url}
     done = run_process(broker, "scheduler", "--once")
     assert "INFO apg_farm.scheduler: scheduler started" in done.stderr
     assert (
@@ -90,11 +100,11 @@ def test_the_scheduler_logs_each_pass_and_quiet_silences_it(
     assert "pass 1" not in quiet.stderr and quiet.stdout == done.stdout
 
 
-def test_the_scheduler_loop_logs_every_pass(env: dict[str, str], redis: RedisServer) -> None:
+def test_the_scheduler_loop_logs_every_pass(farm_env: dict[str, str], redis: RedisServer) -> None:
     """Left running, the scheduler says something every pass (it was silent for minutes)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "apg_farm", "scheduler", "--interval", "0.5"],
-        env={**env, "APG_FARM_BROKER_URL": redis.url},
+        env={**farm_env, "APG_FARM_BROKER_URL": redis.url},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

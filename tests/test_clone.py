@@ -305,7 +305,7 @@ def host_beds(tmp_path: Path, store: Store) -> Bed:
         ("c1", {"approot": "EXISTS"}, "--approot", "exists"),
         ("c1", {"approot": "NO_PARENT"}, "--approot", "no folder"),
         ("c1", {"project": "a_b"}, "--project-name", "not a DDEV project name"),
-        ("c1", {"project": "src0"}, "--project-name", "named src0 already"),
+        ("c1", {"project": "SOURCE"}, "--project-name", "named SOURCE already"),
         (
             "c1",
             {"ddev": "/usr/bin/ddev"},
@@ -332,6 +332,9 @@ def test_bad_names_and_paths_are_bad_input(
     }
     if extra.get("approot") in places:
         extra = {**extra, "approot": places[extra["approot"]]}
+    if extra.get("project") == "SOURCE":  # the source's own DDEV project name
+        project = simbed.project_name(root)
+        extra, needle = {**extra, "project": project}, needle.replace("SOURCE", project)
     before = sorted(p.name for p in (tmp_path / "beds").iterdir())
     with pytest.raises(BadInput) as bad:
         clone_bed(store, CloneRequest(source="src0", name=name, **extra))

@@ -117,7 +117,9 @@ def test_a_sweep_on_container_beds(
     of the farm's did, and the farm listed the container's processes around each run."""
     farm_secrets = {"APG_FARM_DATABASE_URL", "APG_FARM_BROKER_URL", "AWS_SECRET_ACCESS_KEY"}
     for name in farm_secrets:
-        monkeypatch.setenv(name, "hunter2")
+        # A broker URL the settings accept (a Redis URL), carrying the same secret.
+        value = "redis://:hunter2@127.0.0.1:9/0" if name == "APG_FARM_BROKER_URL" else "hunter2"
+        monkeypatch.setenv(name, value)
     beds = _container_beds(store, tmp_path, beds_made, image, 2, assignment=assignment)
     sweep_id = submit(store, spec(tasks=2, models=1, trials=2)).sweep_id
     result = EmbeddedExecutor(store, sweep_id).run()

@@ -254,6 +254,7 @@ def test_cli_dry_run_prices_a_200000_task_file_and_says_a_submit_asks(tmp_path: 
         done.stderr
     )
     assert not db.exists()
+    Store(env["APG_FARM_DATABASE_URL"]).dispose()  # a dry run prices against a store that exists
     done = run_process(env, "sweep", "submit", "--dry-run", str(file))
     assert "200000 attempts" in done.stdout, done.stdout[-2000:]
     assert "200,000 attempts, more than 100,000: a submit asks first (--yes)" in done.stderr
@@ -284,6 +285,7 @@ def test_cli_over_the_limit_names_max_attempts_and_a_dry_run_only_notes_it(
         done = run_process(env, *args, "--yes", str(file), code=2)
         assert "pass --max-attempts 2000000 if you mean it" in done.stderr
     assert not db.exists()
+    Store(env["APG_FARM_DATABASE_URL"]).dispose()  # a dry run prices against a store that exists
     done = run_process(env, "sweep", "submit", "--dry-run", str(file))
     assert "over the limit of 1,000,000: a submit needs --max-attempts 2000000" in done.stderr
 

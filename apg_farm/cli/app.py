@@ -658,7 +658,8 @@ def _run_to_the_end(
         for line in interrupted_lines(store, sweep_id, sweep.name, distributed=on_workers):
             err.print(line, markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
-    report = sweep_report(store, sweep)
+    # Read again: the run has ended it (finished), which the row read before does not know.
+    report = sweep_report(store, find_sweep(store, str(sweep_id)))
     if as_json:
         print_json(
             {"ok": ok, "submitted": asdict(submitted) if submitted else None, "report": report}
