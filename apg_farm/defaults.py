@@ -22,6 +22,9 @@ PROVIDER_RETRIES = 3
 #: time it fails makes claims between runs of its model that go fine (outcomes.md, "Provider
 #: trouble"). Claims while a believed outage goes on (no clean run since) are believed.
 PROVIDER_OUTAGE_QUIET = 600.0
+#: Seconds apart two claims of different models of one provider may begin and still corroborate
+#: each other (store/outages.py): an outage hits the provider's models in the same minutes.
+PROVIDER_OUTAGE_WINDOW = 300.0
 #: Seconds a run that says its adapter never started may take and still be believed: an adapter
 #: fails to start before its agent works; a claim after longer may be an agent that saw itself
 #: failing. APG_FARM_START_WINDOW overrides it (time-scaled simulated beds need less).

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from apg_farm.defaults import AGENT_START_SECONDS, PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX
@@ -67,6 +68,55 @@ class Settings(BaseSettings):
     """A bed's canary is due this many hours after its last one (or its enrolment); 0: not by
     time. A bed's own `apg-farm bed canary --hours` wins."""
 
+    database_url_file: Path | None = None
+    """A file holding `database_url` (its first line), for a URL with a password kept out of
+    every environment; it must not be readable by group or others (chmod 600)."""
+    db_password_file: Path | None = None
+    """A file holding `db_password`, likewise private."""
+    broker_url_file: Path | None = None
+    """A file holding `broker_url`, likewise private."""
+
+    evidence_dir: str | None = None
+    """Where each execution's run folder is moved off its bed (workers/evidence.py), an absolute
+    folder on the bed's host: this machine for a local bed, the bed's own host for an SSH bed.
+    Unset: `<home>/evidence` for a local bed, `~/.apg-farm-evidence` on an SSH bed's host. It must
+    lie outside the bed's approot and every container mount (refused otherwise)."""
+
+    @field_validator("evidence_dir")
+    @classmethod
+    def _evidence_dir_is_absolute(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not value.startswith("/") or "\x00" in value or "\n" in value:
+            raise ValueError(
+                f"{value!r} is not an absolute folder; write /var/lib/apg-farm/evidence"
+            )
+        return value.rstrip("/") or "/"
+
+    @field_validator("database_url_file", "db_password_file", "broker_url_file")
+    @classmethod
+    def _secret_file_is_private(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            read_secret_file(value)  # refused now, with the field's name, not at first use
+        return value
+
+    @model_validator(mode="after")
+    def _values_from_files(self) -> Settings:
+        for name in ("database_url", "db_password", "broker_url"):
+            path = getattr(self, f"{name}_file")
+            if path is None:
+                continue
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"APG_FARM_{name.upper()} and APG_FARM_{name.upper()}_FILE are both set; "
+                    "keep one"
+                )
+            value = read_secret_file(path)
+            if name == "broker_url":
+                broker_problem(value)
+            setattr(self, name, SecretStr(value) if name == "db_password" else value)
+        return self
+
     @field_validator("home")
     @classmethod
     def _home_is_a_folder(cls, value: Path) -> Path:
@@ -93,6 +143,26 @@ class Settings(BaseSettings):
                 return self.database_url
             return with_password(self.database_url, self.db_password.get_secret_value())
         return f"sqlite:///{self.home / 'farm.db'}"
+
+
+def read_secret_file(path: Path) -> str:
+    """The first line of a settings file that only its owner may read; ValueError saying how to
+    fix it otherwise (like ssh with a private key: a file others can read holds no secret)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file")
+        if mode & 0o077:
+            raise ValueError(
+                f"{path} is readable by group or others (mode {mode:o}); chmod 600 {path}"
+            )
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror}") from None
+    value = text.splitlines()[0].strip() if text.strip() else ""
+    if not value:
+        raise ValueError(f"{path} is empty; write the value on its first line")
+    return value
 
 
 def with_password(url: str, password: str) -> str:
@@ -142,6 +212,8 @@ PREFIX = "APG_FARM_"
 OTHER_NAMES = frozenset(
     {
         "APG_FARM_DASHBOARD_TOKEN",
+        "APG_FARM_DASHBOARD_TOKEN_FILE",
+        "APG_FARM_SECRETS_FD",
         "APG_FARM_WORKER_BED",
         "APG_FARM_COMMAND",
         "APG_FARM_ATTEMPT",
@@ -210,9 +282,11 @@ def load_settings() -> Settings:
     try:
         return Settings()
     except ValidationError as error:
+        # A problem across fields (a value and its file both set) has no location: its
+        # message names the variables itself.
         problems = "; ".join(
-            f"APG_FARM_{str(p['loc'][0]).upper()}: {p['msg'].removeprefix('Value error, ')}"
+            (f"APG_FARM_{str(p['loc'][0]).upper()}: " if p["loc"] else "")
+            + p["msg"].removeprefix("Value error, ")
             for p in error.errors()
-            if p["loc"]
         )
         raise BadInput(problems or str(error), fix="correct the environment variable") from None

@@ -15,6 +15,11 @@ from apg_farm.store import Store, normalize_url
 from tests.celery_farm import celery_env
 from tests.services import RedisServer, Workers, redis_server
 
+# The suite starts thousands of Python processes (workers, CLI calls, simulated beds): with
+# PYTHONDONTWRITEBYTECODE set, each would compile the farm's sources (an editable install has
+# no bytecode of its own) again. Let them cache it.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 PG_URL = os.environ.get("APG_FARM_TEST_DATABASE_URL")
 IN_CI = bool(os.environ.get("CI"))
 
@@ -65,6 +70,24 @@ def _postgres_store() -> Iterator[Store]:
         admin.dispose()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_evidence_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Evidence of module- and session-scoped fixtures' sweeps: never under the user's home."""
+    folder = tmp_path_factory.mktemp("evidence")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("APG_FARM_EVIDENCE_DIR", str(folder))
+        yield folder
+
+
+@pytest.fixture(autouse=True)
+def evidence_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's evidence (run folders moved off its beds) under its own tmp_path, never the
+    user's ~/.apg-farm; a test of the defaults unsets APG_FARM_EVIDENCE_DIR."""
+    folder = tmp_path / "evidence"
+    monkeypatch.setenv("APG_FARM_EVIDENCE_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture(params=_backends())
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """A fresh, migrated store: SQLite in WAL mode, and PostgreSQL in its own schema."""
@@ -75,6 +98,15 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         return
     with _postgres_store() as s:
         yield s
+
+
+@pytest.fixture
+def sqlite_only_store(tmp_path: Path) -> Iterator[Store]:
+    """SQLite only: for the many variants of a test whose store path one variant on each
+    backend (`store`, `pg_store`) covers already."""
+    s = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+    yield s
+    s.dispose()
 
 
 @pytest.fixture

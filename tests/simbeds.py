@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apg_farm.beds import get_bed
+from apg_farm.beds import get_bed, record_ddev_config
 from apg_farm.cli import simulated_bed
 from apg_farm.fixtures import simbed
 from apg_farm.specs import SweepSpec, Timeouts
@@ -52,6 +52,9 @@ def make_beds(
             session.add(row)
         if faults and index in faults:
             simbed.write_faults(Path(row.approot), faults[index])
+            if faults[index].get("cred_refused"):
+                # The operator shared a credential with the bed and fingerprinted it so.
+                record_ddev_config(store, get_bed(store, name))
         beds.append(get_bed(store, name))
     return beds
 

@@ -183,7 +183,12 @@ def test_a_drush_plant_is_tampered_and_the_bed_quarantined(
         row = session.get_one(Bed, bed.id)
         assert row.state == "quarantined", row.state
     assert engine.run_next(sweep_id=sweep_id) is None  # no later attempt on this bed
-    assert not [line for line in simbed.read_log(approot) if line.get("command") == "ai-eval-grade"]
+    # No grade after the run (the one before it, `grade_pin`, pins the task's dataset hashes).
+    log = simbed.read_log(approot)
+    ran = min(line["start"] for line in log if line.get("command") == "ai-eval-run")
+    assert not [
+        line for line in log if line.get("command") == "ai-eval-grade" and line["start"] > ran
+    ]
     assert not _host_lingers(approot)
     if mode != "host-only":
         assert not _container_lingers(approot)
@@ -222,9 +227,12 @@ def test_what_the_reset_starts_is_killed_before_the_run(
         assert report.outcome == Outcome.FAILED, (trial, report.verdict)
         names = [p.name for p in _phases(store, report.claim.execution_id)]
         if mode != "host-only":
-            # The first attempt has no trusted listing: the container is restarted after the
-            # reset; later ones kill what the reset started against the recorded listing.
-            cleared = "restart_reset" if trial == 0 else "stop_reset"
+            # The first attempt finds no record of the container's files: it is restarted
+            # before the verify (restart_clean), which records the trusted listing; every
+            # attempt then kills what the reset started against that listing.
+            if trial == 0:
+                assert names.index("restart_clean") < names.index("verify_before"), names
+            cleared = "stop_reset"
             assert cleared in names, (trial, names)
             assert names.index(cleared) < names.index("processes_before"), names
             with store.session() as session:

@@ -42,9 +42,10 @@ def test_a_decoy_naming_another_model_is_not_graded(sqlite_store: Store, tmp_pat
     [decoy] = [a for a in CATALOGUE if a.key == "decoy_run"]
     run_attack(sqlite_store, tmp_path, decoy)
     with sqlite_store.session() as session:
-        run_id = session.scalars(select(Execution.run_id)).one()
-    assert run_id is not None
-    runs = tmp_path / "beds" / "attack-decoy-run" / ".ai-proving-ground" / "runs"
+        run_id, folder = session.execute(select(Execution.run_id, Execution.evidence_dir)).one()
+    assert run_id is not None and folder is not None
+    # Both run folders were moved off the bed when the execution ended (workers/evidence.py).
+    runs = Path(folder) / "runs"
     record = json.loads((runs / run_id / "run.json").read_text())
     assert record["model"] == MODEL
     assert len(list(runs.iterdir())) == 2  # the decoy is there, and was not taken

@@ -71,7 +71,7 @@ def test_check_passes_its_own_baseline_and_fails_a_weaker_model(
 
     weaker = process(farm, "check", str(path), "weak", *gate)
     assert weaker.returncode == 1, weaker.stdout + weaker.stderr
-    assert f"FAIL: model {WEAK_MODEL}: pass rate" in weaker.stdout
+    assert f"FAIL: model {WEAK_MODEL}: headline pass rate" in weaker.stdout
     assert "check failed" in weaker.stdout and "Traceback" not in weaker.stderr
 
     missing = process(farm, "check", str(tmp_path / "nope.json"), "base")

@@ -28,6 +28,7 @@ NO_JSON = {
     "bed add": "one line: the bed added",
     "bed escrow": "one line: the set recorded",
     "bed release": "one line: the bed active again",
+    "model release": "one line: the model running again",
     "sweep cancel": "one line: how many were cancelled",
     "sweep retry": "one line: how many were queued again",
     "sweep set-priority": "one line: the new weight",

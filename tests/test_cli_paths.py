@@ -153,8 +153,10 @@ def test_retry_only_error_invalid_reruns_them_and_keeps_history(
 ) -> None:
     store = Store(f"sqlite:///{farm_home / 'farm.db'}")
     (bed,) = make_beds(store, tmp_path / "beds", 1)
-    # Two firings per INVALID attempt: its grade, and the same grade at baseline (outcomes.md).
-    simbed.write_faults(Path(bed.approot), {"malformed_envelope": {"times": 4}})
+    # Three firings per INVALID attempt: the grade at baseline that would pin its task's dataset
+    # hashes (none pinned, so the next attempt tries again), its grade, and the same grade at
+    # baseline (outcomes.md).
+    simbed.write_faults(Path(bed.approot), {"malformed_envelope": {"times": 6}})
     env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
     env["APG_FARM_HOME"] = str(farm_home)
     path = _sweep_file(tmp_path, "again", tasks=1, trials=2)

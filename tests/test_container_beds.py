@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from apg_farm.cli.attacks import CATALOGUE, Attack, run_attack
 from apg_farm.contract import Outcome
 from apg_farm.fixtures import simbed
 from apg_farm.scheduler import submit
@@ -282,23 +281,6 @@ def test_a_bed_whose_agent_was_not_confirmed_stopped_is_restarted_first(
     assert names[:4] == ["escrow_check", "ddev_check", "stop_strays", "restart"], names
     for seen in _container_ps(approot, "ai-eval-reset")[-1:]:
         assert not any("apg-sim-linger" in " ".join(map(str, p)) for p in seen), seen
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", ["web", "host"])
-@pytest.mark.parametrize("attack", CATALOGUE, ids=[a.key for a in CATALOGUE])
-def test_every_attack_ends_as_catalogued_on_a_container_bed(
-    attack: Attack, assignment: str, store: Store, tmp_path: Path, image: str
-) -> None:
-    """The attack catalogue (docs/attacks.md) on a bed with a real web container."""
-    approot = tmp_path / "beds" / f"attack-{attack.key}".replace("_", "-")
-    try:
-        recorded = run_attack(
-            store, tmp_path, attack, image=image, web_commands=ASSIGNMENTS[assignment]
-        )
-        assert recorded.as_catalogued, recorded
-    finally:
-        simbed.stop_container(approot)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ APG_FARM_DASHBOARD_SCREENSHOTS=DIR also writes each page's screenshot there (doc
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
@@ -151,7 +152,8 @@ def test_pages_render_without_errors(watched: Watched, farm: DashFarm, tmp_path:
     watched.shot(tmp_path, "beds")
     page = watched.goto(f"/attempts/{farm.hostile_attempt + 1}")
     page.locator("details.phase", has_text="diff").first.wait_for()
-    assert page.locator("pre.diff").count() == 1
+    # The two diff reports the farm captured: at baseline, and after the run.
+    assert page.locator("pre.diff").count() == 2
     watched.shot(tmp_path, "attempt")
     # Let the pages poll once: the API answers and the script updates without an error.
     page = watched.goto("/beds")
@@ -199,7 +201,9 @@ def test_numbers_shown_equal_the_report(watched: Watched, farm: DashFarm) -> Non
             _pct(cell["pass_rate"]),
             f"{_pct(cell['ci_low'])} – {_pct(cell['ci_high'])}",
         ]
-        assert texts[7] == str(cell["passed"])
+        # The rate with re-runs and the lower bound beside the headline, labelled.
+        assert texts[5:7] == [_pct(cell["final_rate"]), _pct(cell["lower_bound_rate"])]
+        assert texts[9] == str(cell["passed"])
     model_rows = page.locator("#models-table tbody tr")
     for index, model in enumerate(report["models"]):
         texts = model_rows.nth(index).locator("td").all_inner_texts()
@@ -224,7 +228,9 @@ def test_nothing_a_bed_printed_runs(
 
 def _hostile_pages(watched: Watched, farm: DashFarm) -> None:
     page = watched.goto(f"/attempts/{farm.hostile_attempt}")
-    page.locator("details.phase summary", has_text="run").first.click()
+    # The phase named `run` exactly (other phases' names hold "run": runs_check, …).
+    run = page.locator("details.phase summary > b", has_text=re.compile(r"^run$"))
+    run.first.click()
     stderr = page.locator("pre.stderr", has_text="window.__xss=1").first
     assert stderr.is_visible()
     assert SCRIPT in stderr.inner_text() and IMG in stderr.inner_text()

@@ -32,15 +32,16 @@ def _counts(store: Store, sweep_id: int) -> Counter[tuple[str, str, str]]:
 def test_distributed_equals_embedded(
     celery_farm: tuple[Store, Workers], redis: RedisServer, tmp_path: Path
 ) -> None:
-    """80 attempts on 4 worker processes give the same outcomes per (task, model) as the embedded mode."""
+    """40 attempts on 4 worker processes give the same outcomes per (task, model) as the embedded mode."""
     store, workers = celery_farm
     beds = make_beds(store, tmp_path / "dist", 4)
-    sweep = spec("equal", task_ids=simbed.DEFAULT_TASKS, models=2, trials=10)
+    sweep = spec("equal", task_ids=simbed.DEFAULT_TASKS, models=2, trials=5)
     sweep_id = submit(store, sweep).sweep_id
     for bed in beds:
         workers.start(bed.name)
-    assert publish_attempts(store, celery_app(redis), range(1, 81)) == 80
-    wait_done(store, sweep_id, redis, workers)
+    assert publish_attempts(store, celery_app(redis), range(1, 41)) == 40
+    # 10 attempts a bed; an attempt takes 1 s on a quiet machine, 10-18 s under a loaded CI.
+    wait_done(store, sweep_id, redis, workers, timeout=400)
     assert_counted_once_and_no_overlap(store, beds)
 
     embedded = Store(f"sqlite:///{tmp_path / 'embedded.db'}")
@@ -48,7 +49,7 @@ def test_distributed_equals_embedded(
     local_id = submit(embedded, sweep).sweep_id
     EmbeddedExecutor(embedded, local_id).run()
     assert _counts(store, sweep_id) == _counts(embedded, local_id)
-    assert sum(_counts(store, sweep_id).values()) == 80
+    assert sum(_counts(store, sweep_id).values()) == 40
 
 
 def test_sigkilled_worker_attempt_runs_again_once(
@@ -81,9 +82,10 @@ def test_sigkilled_worker_attempt_runs_again_once(
             )
         ]
     assert bed.name != victim
-    # The new try starts from checked judging code, a trusted verify and a reset.
+    # The new try starts from checked judging code, a trusted verify and a reset, and ends with
+    # its grade, then its run folder moved off the bed.
     assert phases[:4] == ["escrow_check", "ddev_check", "verify_before", "reset"]
-    assert phases[-1] == "grade"
+    assert phases[-2:] == ["grade", "evidence"]
 
 
 def test_a_restarted_worker_waits_for_its_dead_predecessors_lease(

@@ -156,8 +156,9 @@ def faults_are_contained(store: Store, tmp_path: Path, **options: Any) -> None:
         phases = session.scalars(
             select(Phase).where(Phase.execution_id == tampered[0].id).order_by(Phase.id)
         ).all()
-        assert [p.name for p in phases][-1] == "verify_after"
-        assert "APG_TAMPERED" in phases[-1].stderr
+        # The last bed command is the verify that failed, then only the evidence move (#28).
+        assert [p.name for p in phases][-2:] == ["verify_after", "evidence"]
+        assert "APG_TAMPERED" in phases[-2].stderr
     # The skip task is SKIPPED wherever it was graded.
     for attempt in attempts:
         if attempt.task == "nx01_prose_only" and attempt.outcome != Outcome.TAMPERED:
@@ -179,10 +180,17 @@ def _beds(store: Store) -> list[Bed]:
 def test_start_failures_everywhere_are_scored_after_the_budget(
     store: Store, tmp_path: Path
 ) -> None:
-    """With every bed failing to start the adapter (at once, nothing changed), the attempt is
-    retried on distinct beds, retries + 1 tries; the token is agent-writable, so the last is
-    scored (NO_ATTEMPT), never an ERROR outside the denominator."""
-    make_beds(store, tmp_path, 3, faults={i: {"adapter_fail": True} for i in range(3)})
+    """With every bed failing to start the adapter (at once, nothing changed) and no check of
+    the farm's to reproduce it (beds without `ai-eval-claude`: #29), the attempt is retried on
+    distinct beds, retries + 1 tries; the token is agent-writable, so the last is scored
+    (NO_ATTEMPT), never an ERROR outside the denominator."""
+    make_beds(
+        store,
+        tmp_path,
+        3,
+        faults={i: {"adapter_fail": True} for i in range(3)},
+        config={"claude_helper": False},
+    )
     sweep_id = submit(store, spec(tasks=1, models=1, trials=1, retries=2)).sweep_id
     _run(store, sweep_id)
     [attempt] = _attempts(store, sweep_id)
@@ -291,9 +299,15 @@ def test_diff_evidence_is_kept_per_execution(store: Store, tmp_path: Path) -> No
         diffs = session.scalars(select(Phase).where(Phase.name == "diff")).all()
     # The judging code is checked before the attempt and again right after the run, before any
     # other ddev command: the escrow set, the DDEV configuration, the trusted verifier.
-    order = ["escrow_check", "ddev_check", "verify_before", "reset", "baseline_diff", "run"]
-    order += ["ddev_check_after", "ddev_check_stopped", "verify_after", "diff", "grade"]
-    assert names == [order] * 2
+    # Before the run, nothing of an earlier attempt (runs/, .git, the kept folders: #28); after
+    # it, the host files, and at the end the run folder moved off the bed.
+    order = ["escrow_check", "ddev_check", "verify_before", "reset", "baseline_diff"]
+    order += ["runs_check", "git_clean", "kept_check", "project_files", "run"]
+    order += ["ddev_check_after", "ddev_check_stopped", "host_files", "verify_after", "diff"]
+    order += ["grade", "evidence"]
+    # The first attempt of the task on this bed baseline pins what its grade reads, before the run.
+    first = [*order[:5], "grade_pin", *order[5:]]
+    assert names == [first, order]
     assert all('"changed"' in p.stdout for p in diffs)
 
 

@@ -84,7 +84,11 @@ def test_bed_commands_never_see_farm_settings(
     AttemptEngine(store, bed.name, worker="w").run_next(sweep_id=sweep_id)
     with store.session() as session:
         argvs = [p.argv for p in session.scalars(select(Phase))]
-    assert len(argvs) == 11 and not any("hunter2" in " ".join(a) for a in argvs)
+    # 11 bed commands, the two evidence moves (runs_check, evidence), the grade at baseline
+    # that pins the task's dataset hashes, the listing of the folders reset keeps, and two
+    # phases other #28 steps added on i28-trial (the git clean-up among them), and the reading
+    # of the agent files before the run a PROJECT_CHANGED claim is judged by (#29).
+    assert len(argvs) == 18 and not any("hunter2" in " ".join(a) for a in argvs)
     log = simbed.read_log(Path(bed.approot))
     commands = {line["command"] for line in log}
     assert {"ai-eval-reset", "ai-eval-run", "ai-eval-grade"} <= commands
@@ -141,7 +145,9 @@ def test_database_connections_killed_mid_attempt_are_survived(
         stop.set()
         thread.join()
         victim.dispose()
-    assert all(r is not None and r.outcome in (Outcome.PASSED, Outcome.FAILED) for r in reports)
+    assert all(r is not None and r.outcome in (Outcome.PASSED, Outcome.FAILED) for r in reports), [
+        (r.outcome, r.verdict.reason) if r else None for r in reports
+    ]
     assert sum(killed) >= 3, killed  # the connections were really killed, mid-attempt
     with pg_store.session() as session:
         attempts = session.scalars(select(Attempt)).all()
@@ -149,9 +155,14 @@ def test_database_connections_killed_mid_attempt_are_survived(
         phases = session.scalars(select(Phase)).all()
     assert [a.state for a in attempts] == [AttemptState.DONE] * 2
     assert len(executions) == 2 and all(e.result in ("PASSED", "FAILED") for e in executions)
-    # 11 phases each: escrow and DDEV checks, verify, reset, baseline diff, run, two DDEV checks,
-    # verify, diff, grade.
-    assert len(phases) == 22 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 22
+    # 14 phases each: escrow and DDEV checks, verify, reset, baseline diff, the runs/ check, the
+    # kept-folders check, run,
+    # two DDEV checks, verify, diff, grade, the evidence move; and once, before the first run, the
+    # grade at baseline that pins the task's dataset hashes (workers/pinning.py); and each the
+    # reading of the agent files before the run (`project_files`, #29).
+    assert [p.name for p in phases].count("grade_pin") == 1
+    assert [p.name for p in phases].count("project_files") == 2
+    assert len(phases) == 35 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 35
 
 
 def test_a_baseline_file_edited_during_the_run_is_tampered_and_left_as_evidence(

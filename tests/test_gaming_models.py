@@ -6,6 +6,7 @@ out of the denominator."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,9 +179,12 @@ def test_a_model_faking_outages_is_bounded(
 def test_a_start_failure_that_comes_at_once_on_an_unchanged_site_is_retried(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The control: an adapter that really never started (at once, nothing changed) is retried
-    on another bed; the same failure after a run as long as real work is scored."""
-    make_beds(store, tmp_path, 1, faults={0: {"not_started": {"times": 1}}})
+    """The control: an adapter that really never started (at once, nothing changed, and the
+    farm's own `ai-eval-claude check` fails too) is retried on another bed; where the farm
+    cannot check (a bed without the helper, #29), the same failure after a run as long as real
+    work is scored."""
+    # Once for the run, once for the farm's check of it.
+    make_beds(store, tmp_path, 1, faults={0: {"not_started": {"times": 2}}})
     sweep_id = submit(store, spec(tasks=1, models=1, trials=1)).sweep_id
     EmbeddedExecutor(store, sweep_id).run()
     assert _results(store, sweep_id) == ["RETRY", Outcome.FAILED]
@@ -189,6 +193,8 @@ def test_a_start_failure_that_comes_at_once_on_an_unchanged_site_is_retried(
     again = submit(store, spec("late", tasks=1, models=1, trials=1)).sweep_id
     for approot in _approots(store):
         simbed.write_faults(approot, {"not_started": True})
+        config = json.loads((approot / ".apg-sim" / "config.json").read_text())
+        simbed.write_config(approot, {**config, "claude_helper": False})
     EmbeddedExecutor(store, again).run()
     assert _results(store, again) == [Outcome.NO_ATTEMPT]
     with store.read() as session:
@@ -240,3 +246,41 @@ def test_state_that_survives_the_reset_quarantines_the_bed(store: Store, tmp_pat
     assert "views.view.kb_docs_index" in (planted.state_reason or "")
     # Every attempt checked its bed at baseline before its run.
     assert len(checks) >= 5
+
+
+@pytest.mark.slow
+def test_a_believed_claim_buys_nothing_in_the_headline(
+    sqlite_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #29: a gamer fast enough for its start claims to be believed (a start window far
+    longer than its work) gets re-runs, and its rate with re-runs rises; the headline `report`
+    leads with stays within 0.05 of its first-try rate, the lower bound beside it."""
+    from apg_farm.results import analyse, find_sweep
+
+    store = sqlite_store
+    monkeypatch.setenv("APG_FARM_START_WINDOW", "60")
+    # Beds without `ai-eval-claude`: the farm cannot check the install claim, so only the start
+    # window judges it (with the check, the claim is refuted and buys nothing at all).
+    _play(store, tmp_path, {"how": "start_token_revert"}, config={"claude_helper": False})
+    sweep = find_sweep(store, "s")
+    report = analyse(store, sweep)
+    [gamer] = [m for m in report["models"] if m["model"] == GAMER]
+    with store.read() as session:
+        rows = session.execute(
+            select(Attempt.id, Attempt.outcome, Execution.number, Execution.result)
+            .join(Execution, Execution.attempt_id == Attempt.id)
+            .where(Attempt.model == GAMER, Execution.agent_started.is_(True))
+            .order_by(Attempt.id, Execution.number)
+        ).all()
+    first: dict[int, str | None] = {}
+    for attempt_id, _, _, result in rows:
+        first.setdefault(attempt_id, result)
+    first_try = sum(r == Outcome.PASSED for r in first.values()) / len(first)
+    print(
+        f"\ngamer: headline {gamer['pass_rate']}, with re-runs {gamer['final_rate']}, "
+        f"lower bound {gamer['lower_bound_rate']}, first try {first_try}, "
+        f"re-run attempts {gamer['second_chance_attempts']}"
+    )
+    assert gamer["second_chance_attempts"] > 0, gamer  # it did buy re-runs
+    assert abs(gamer["pass_rate"] - first_try) <= 0.05, gamer
+    assert gamer["lower_bound_rate"] is not None and gamer["final_rate"] >= gamer["pass_rate"]

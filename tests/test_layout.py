@@ -41,6 +41,7 @@ FOUNDATIONS = {
     "apg_farm.strict_yaml",
     "apg_farm.sequential",
     "apg_farm.printable",
+    "apg_farm.secret_env",
 }
 #: Code checked strictly (tests/ may import a module it tests directly).
 CHECKED = ("apg_farm", "scheduler", "workers", "bench", "fixtures")

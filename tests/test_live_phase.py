@@ -55,6 +55,7 @@ LOGGED = {
     "run": "ai-eval-run",
     "grade": "ai-eval-grade",
     "grade_baseline": "ai-eval-grade",
+    "grade_pin": "ai-eval-grade",
     "diff": "ai-eval-diff",
     "baseline_diff": "ai-eval-diff",
     "baseline_diff_again": "ai-eval-diff",
@@ -67,6 +68,7 @@ LOGGED = {
     "stop_agent": "exec",
     "restart": "restart",
     "restart_reset": "restart",
+    "restart_clean": "restart",
 }
 #: Seconds a call's start in the log may come after its phase's start on the bed's row (a commit,
 #: a process and its interpreter started, on a machine under a load of 25), and its record after

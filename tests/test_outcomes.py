@@ -9,9 +9,13 @@ from pathlib import Path
 import pytest
 
 from apg_farm.contract import (
+    CLAIM_CHECKS,
     TOKENS,
+    Check,
+    Finding,
     Outcome,
     PhaseOutput,
+    Reproduced,
     SiteState,
     Verdict,
     after_agent,
@@ -21,6 +25,7 @@ from apg_farm.contract import (
     judge_escrow_check,
     judge_grade,
     judge_graded_at_baseline,
+    judge_reproduction,
     judge_reset,
     judge_run,
     judge_verify_after,
@@ -119,9 +124,14 @@ def test_run_agent_failure_continues_infra_retries() -> None:
     cred = judge_run(
         web_fail("ai-eval-run", 1, "APG_RUN_CRED_REFUSED .ddev/.env\n"), run_recorded=False
     )
-    assert cred.action == "retry" and cred.quarantine
+    # A bed-configuration token is a claim: no quarantine until the farm reproduces it (#29).
+    assert cred.action == "retry" and cred.quarantine is None
+    assert cred.claims == ("APG_RUN_CRED_REFUSED",)
     leaked = judge_run(web_fail("ai-eval-run", 1, "APG_CLAUDE_TOKEN_LEAKED x\n"), run_recorded=True)
-    assert leaked.action == "continue" and leaked.quarantine
+    # The agent can print a leak line on every run: an unchecked quarantine, within the model's
+    # allowance (#29), never the bed's on the agent's word.
+    assert leaked.action == "continue" and leaked.quarantine is None
+    assert leaked.unchecked and "revoke the token" in leaked.unchecked
     assert judge_run(out(None, timed_out=True), run_recorded=False).action == "retry"
     unknown = judge_run(
         out(1, 'Error: unknown command "ai-eval-run" for "ddev"\n'), run_recorded=False
@@ -218,11 +228,23 @@ def test_a_stray_skip_token_does_not_override_an_emitted_verdict() -> None:
 
 
 def test_a_leaked_token_quarantines_on_every_path() -> None:
-    """APG_CLAUDE_TOKEN_LEAKED quarantines the bed even when the run is also an infrastructure retry."""
+    """APG_CLAUDE_TOKEN_LEAKED asks for the bed's quarantine even when the run is also an
+    infrastructure retry, as an unchecked one (the agent can print it: claim_gates.py), and the
+    farm's judging of the run's claim keeps it."""
     leaked = web_fail("ai-eval-run", 1, "APG_CLAUDE_TOKEN_LEAKED transcript.jsonl\n")
-    assert "revoke" in (judge_run(leaked, run_recorded=False).quarantine or "")
+    verdict = judge_run(leaked, run_recorded=False)
+    assert "revoke" in (verdict.unchecked or "") and verdict.quarantine is None
     both = web_fail("ai-eval-run", 1, "APG_CLAUDE_INSTALL_FAILED\nAPG_CLAUDE_TOKEN_LEAKED x\n")
-    assert judge_run(both, run_recorded=True).quarantine
+    claimed = judge_run(both, run_recorded=True)
+    assert "revoke" in (claimed.unchecked or "")
+    refuted = judge_reproduction(
+        claimed,
+        {Check.INSTALL: Finding(Reproduced.NO, "the check passed")},
+        site=UNCHANGED,
+        run_seconds=1,
+        window=60,
+    )
+    assert refuted.action == "continue" and "revoke" in (refuted.unchecked or "")
 
 
 def test_an_adapter_that_never_started_is_not_the_models_failure() -> None:
@@ -281,12 +303,29 @@ def test_a_run_timeout_and_a_dropped_link_during_the_run_are_claims() -> None:
     assert believed.action == "retry" and believed.claim
 
 
-def test_a_bed_broken_token_on_a_changed_site_is_graded_and_still_quarantines() -> None:
+def test_a_bed_broken_token_quarantines_only_when_the_farm_reproduces_it() -> None:
+    """#29: reproduced by the farm's own check, retried and quarantined; refuted, graded with
+    no quarantine; not checkable, the old rule, and a believed one asks for an `unchecked`
+    quarantine (rationed by the store), never a plain one."""
     printed = judge_run(
         web_fail("ai-eval-run", 1, "APG_RUN_CRED_REFUSED .env\n"), run_recorded=True
     )
-    scored = judge_claim(printed, site=CHANGED, run_seconds=1, window=60)
-    assert scored.action == "continue" and scored.agent_failed and scored.quarantine
+    creds = Check.CREDENTIALS
+    yes = judge_reproduction(
+        printed, {creds: Finding(Reproduced.YES, "k")}, site=CHANGED, run_seconds=1, window=60
+    )
+    assert yes.action == "retry" and "APG_RUN_CRED_REFUSED" in (yes.quarantine or "")
+    assert not yes.claim  # the farm's own observation: counts against the bed
+    no = judge_reproduction(
+        printed, {creds: Finding(Reproduced.NO, "none")}, site=UNCHANGED, run_seconds=1, window=60
+    )
+    assert no.action == "continue" and no.agent_failed and no.quarantine is None
+    unknown = {creds: Finding(Reproduced.UNKNOWN, "x")}
+    scored = judge_reproduction(printed, unknown, site=CHANGED, run_seconds=1, window=60)
+    assert scored.agent_failed and scored.quarantine is None and scored.unchecked is None
+    believed = judge_reproduction(printed, unknown, site=UNCHANGED, run_seconds=1, window=60)
+    assert believed.action == "retry" and believed.claim and believed.quarantine is None
+    assert "could not check" in (believed.unchecked or "")
 
 
 def test_a_check_after_the_run_that_cannot_complete_counts_against_the_agent() -> None:
@@ -342,11 +381,13 @@ def test_a_run_without_a_record_is_graded_live() -> None:
 
 def test_every_quarantine_reason_is_kept() -> None:
     """Two reasons for one bed are both kept, the leaked token's `revoke` among them."""
+    # (A bed-configuration token is a claim since #29, not a quarantine: a flood is the second.)
     leaked = judge_run(
         web_fail("ai-eval-run", 1, "APG_CLAUDE_TOKEN_LEAKED x\nAPG_CLAUDE_PROJECT_CHANGED y\n"),
         run_recorded=True,
+        tokens_dropped=1,
     )
-    assert "revoke" in (leaked.quarantine or "") and "PROJECT_CHANGED" in (leaked.quarantine or "")
+    assert "revoke" in (leaked.unchecked or "") and "token lines" in (leaked.unchecked or "")
     both = with_quarantine(Verdict("retry", "r", quarantine="first"), "second")
     assert both.quarantine == "first; second"
     assert with_quarantine(both, "first; second") == both
@@ -419,8 +460,8 @@ def test_a_changed_ddev_configuration() -> None:
 def test_a_flood_of_token_lines_quarantines_the_bed() -> None:
     """Token lines pushed out of the kept stderr may hide a leak: the bed is quarantined."""
     verdict = judge_run(out(0), run_recorded=True, tokens_dropped=3)
-    assert verdict.action == "continue" and "revoke the token" in (verdict.quarantine or "")
-    assert judge_run(out(0), run_recorded=True).quarantine is None
+    assert verdict.action == "continue" and "revoke the token" in (verdict.unchecked or "")
+    assert judge_run(out(0), run_recorded=True).unchecked is None
 
 
 def test_a_grade_that_exited_0_is_judged_whatever_its_stderr_says() -> None:
@@ -457,8 +498,8 @@ def test_an_agent_failure_with_a_partial_score_is_no_attempt() -> None:
 def test_one_dropped_token_line_is_a_flood() -> None:
     """A single APG_ token line the capture could not keep may be the leak: quarantine."""
     verdict = judge_run(out(0), run_recorded=True, tokens_dropped=1)
-    assert verdict.action == "continue" and "revoke the token" in (verdict.quarantine or "")
-    assert "1 more APG_ token lines" in (verdict.quarantine or "")
+    assert verdict.action == "continue" and "revoke the token" in (verdict.unchecked or "")
+    assert "1 more APG_ token lines" in (verdict.unchecked or "")
 
 
 def test_the_escrow_check_continues_only_on_exit_0_with_nothing_changed() -> None:
@@ -476,3 +517,11 @@ def test_the_escrow_check_continues_only_on_exit_0_with_nothing_changed() -> Non
     assert changed.action == "retry" and "escrow-verify.sh" in (changed.quarantine or "")
     unread = judge_escrow_check(out(0, argv=hashing), changes=None)
     assert unread.action == "retry" and unread.quarantine is None
+
+
+def test_every_claim_has_a_row_in_the_claims_table() -> None:
+    """docs/outcomes.md "Claims" names each claim of contract/claims.py with its check (#29)."""
+    section = DOC.read_text().split("## Claims", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([A-Z_]+)`[^|]* \| (\w+)", section, flags=re.M))
+    assert rows == {claim: check.value for claim, check in CLAIM_CHECKS.items()}
+    assert "believed only when the farm reproduces it with a check of its own" in section

@@ -83,12 +83,13 @@ def _set(store: Store, table: type[Any], **values: object) -> Callable[[], None]
 
 
 def test_a_quarantine_survives_a_cancel(sqlite_store: Store, tmp_path: Path) -> None:
-    """The bed refused its run (credentials shared with the host); the sweep is cancelled right
-    then: the attempt is CANCELLED and the bed is still quarantined."""
+    """The agent leaked its token (the run says so; since #29 a bed-configuration token is a
+    claim, quarantining only once the farm reproduces it); the sweep is cancelled right then:
+    the attempt is CANCELLED and the bed is still quarantined."""
     cancel = _set(sqlite_store, Sweep, state=SweepState.CANCELLED)
-    report, bed = _mid_run(sqlite_store, tmp_path, "cred_refused", cancel)
+    report, bed = _mid_run(sqlite_store, tmp_path, "leak_flood", cancel)
     assert report is not None and report.outcome == Outcome.CANCELLED
-    assert bed.state == BedState.QUARANTINED and "APG_RUN_CRED_REFUSED" in (bed.state_reason or "")
+    assert bed.state == BedState.QUARANTINED and "revoke the token" in (bed.state_reason or "")
 
 
 def test_a_quarantine_survives_a_lost_lease(sqlite_store: Store, tmp_path: Path) -> None:
@@ -101,9 +102,9 @@ def test_a_quarantine_survives_a_lost_lease(sqlite_store: Store, tmp_path: Path)
         give_back()
         time.sleep(0.5)
 
-    report, bed = _mid_run(sqlite_store, tmp_path, "cred_refused", lose, lease=0.6)
+    report, bed = _mid_run(sqlite_store, tmp_path, "leak_flood", lose, lease=0.6)
     assert report is not None and report.lost
-    assert bed.state == BedState.QUARANTINED and "APG_RUN_CRED_REFUSED" in (bed.state_reason or "")
+    assert bed.state == BedState.QUARANTINED and "revoke the token" in (bed.state_reason or "")
 
 
 def test_a_draining_bed_is_quarantined_not_removed(sqlite_store: Store, tmp_path: Path) -> None:

@@ -34,6 +34,9 @@ def cell(
         "error": error,
         "pending": pending,
         "cancelled": 0,
+        # As analyse writes a cell without re-runs: the headline is the final rate.
+        "headline_n": n,
+        "headline_passed": passed,
     }
 
 
@@ -74,7 +77,7 @@ def test_model_drop_beyond_tolerance_fails_and_names_the_model() -> None:
         side(grid(BASE)), side(grid(candidate)), CheckPolicy(max_rate_drop=0.05)
     )
     assert not verdict.ok
-    assert any(f.startswith(f"model {M2}: pass rate 45%") for f in verdict.failures)
+    assert any(f.startswith(f"model {M2}: headline pass rate 45%") for f in verdict.failures)
     assert not any(M1 in f for f in verdict.failures)
 
 
@@ -223,7 +226,7 @@ def test_a_drop_within_the_task_clustered_noise_is_a_warning_unless_plain_tolera
     assert "within the task-clustered noise" in warning
     plain = check_regression(base, cand, CheckPolicy(max_rate_drop=0.05, plain_tolerance=True))
     [failure] = model_lines(plain.failures)
-    assert failure.startswith(f"model {M1}: pass rate 50%")
+    assert failure.startswith(f"model {M1}: headline pass rate 50%")
     assert "task-clustered over 8 tasks" in failure
 
 

@@ -146,9 +146,9 @@ def test_no_farm_setting_reaches_any_bed_command(
     # Then no command saw a farm setting, by name or by value
     dumps = sorted(probes.iterdir())
     kinds = Counter(".".join(p.name.split(".")[:2]) for p in dumps)
-    # provision, escrow, reset, the baseline diff, run, diff, grade on the remote bed; both
-    # verifies on each bed
-    assert kinds["ddev.remote0"] == 7, kinds
+    # provision, escrow, reset, the baseline diff, the pinning grade, run, diff, grade on the
+    # remote bed; both verifies on each bed
+    assert kinds["ddev.remote0"] == 8, kinds
     assert kinds["verify.remote0"] == kinds["verify.local0"] == 2, kinds
     for dump in dumps:
         env = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)

@@ -34,7 +34,7 @@ from apg_farm.results.sealing import (
     check_manifest,
 )
 from apg_farm.scheduler import submit
-from apg_farm.store import Attempt, Base, Execution, Phase, Store, Sweep, utcnow
+from apg_farm.store import Attempt, Base, EvidenceRow, Execution, Phase, Store, Sweep, utcnow
 from apg_farm.workers import EmbeddedExecutor
 from tests.conftest import _postgres_store
 from tests.simbeds import make_beds, spec
@@ -113,6 +113,19 @@ def _build(store: Store, root: Path) -> World:
             select(Attempt.id).where(Attempt.sweep_id == other.sweep_id)
         ).one()
         other_bed = next(b.id for b in beds if b.id != execution.bed_id)
+        kept = session.execute(
+            select(EvidenceRow.execution_id, EvidenceRow.path).where(
+                EvidenceRow.execution_id.in_(execution_names)
+            )
+        ).all()
+        evidence_names = {f"{execution_names[e]}/evidence[{path}]" for e, path in kept}
+        # Every execution kept its run folder off the bed (workers/evidence.py), transcript too.
+        assert all(
+            any(
+                n.endswith("/transcript.jsonl]") for n in evidence_names if n.startswith(f"{name}/")
+            )
+            for name in execution_names.values()
+        ), evidence_names
     names = {
         "sweep": "sweep",
         "attempt": attempt_names[attempt.id],
@@ -149,6 +162,7 @@ def _build(store: Store, root: Path) -> World:
         *(f"{name}/envelope" for name in execution_names.values()),
         *phase_names.values(),
         *(f"{name}/{stream}" for name in phase_names.values() for stream in ("stdout", "stderr")),
+        *evidence_names,
     }
     assert world.verify().ok
     return world
@@ -462,7 +476,15 @@ def test_deleted_rows_are_missing(world: World) -> None:
             .mappings()
             .one()
         )
+        files = EvidenceRow.__table__
+        kept_files = [
+            dict(f)
+            for f in session.execute(select(files).where(files.c.execution_id == execution_id))
+            .mappings()
+            .all()
+        ]
         session.execute(delete(table).where(table.c.execution_id == execution_id))
+        session.execute(delete(files).where(files.c.execution_id == execution_id))
         session.execute(delete(Execution.__table__).where(Execution.__table__.c.id == execution_id))
     try:
         result = world.verify()
@@ -472,6 +494,7 @@ def test_deleted_rows_are_missing(world: World) -> None:
         with world.store.session() as session:
             session.execute(insert(Execution.__table__).values(**execution))
             session.execute(insert(table), phases)
+            session.execute(insert(files), kept_files)
     assert world.verify().ok
 
 
@@ -590,7 +613,7 @@ def test_every_column_is_sealed_or_left_out_on_purpose() -> None:
             "to ROWS here) nor left out on purpose (sealing.NOT_SEALED, with why)"
         )
         assert (PROVEN[table] | left_out) - columns == set(), f"{table}: no such columns"
-    sealed_tables = {"sweeps", "attempts", "executions", "phases"}
+    sealed_tables = {"sweeps", "attempts", "executions", "phases", "evidence_files"}
     assert set(Base.metadata.tables) == sealed_tables | set(NOT_SEALED_TABLES), (
         "a new table: seal what a verdict rests on, or say why not in sealing.NOT_SEALED_TABLES"
     )

@@ -20,6 +20,7 @@ from jsonschema import Draft7Validator
 
 from apg_farm.contract.usage import read_usage
 from apg_farm.fixtures.simbed import (
+    CUSTOM_DATASET_REL,
     DATASET_REL,
     DEFAULT_MODELS,
     DEFAULT_TASKS,
@@ -1226,3 +1227,53 @@ def test_provider_error_fault(ready: tuple[SimBed, Path], kind: str) -> None:
     usage = read_usage((runs_dir(bed) / run_id / "claude.json").read_bytes())
     assert usage is not None and usage.is_error and usage.provider_trouble == kind
     assert bed.run_json(run_id)["attempted"] is True
+
+
+# --- the dataset in a custom module, and an agent that edits it (issue #28, part 3) --------
+
+
+@pytest.mark.parametrize("mode", ["tracked", "untracked"])
+def test_edit_dataset_passes_a_failing_build_by_editing_the_custom_modules_dataset(
+    tmp_path: Path, mode: str
+) -> None:
+    """The grade reads the custom module's dataset and names it; an agent whose build fails
+    drops its failing assertions there and the grade passes it with other hashes; the verifier
+    does not see it; reset restores a tracked module and keeps an untracked one's edit, which
+    the diff then shows."""
+    ddev = install_ddev(tmp_path / "bin")
+    root = tmp_path / "bed"
+    task = "dv01_view_build"
+    skill = {m: {task: 0.0} for m in DEFAULT_MODELS}
+    create_bed(
+        root, project="bed-1", config={"time_scale": FAST, "custom_dataset": mode, "skill": skill}
+    )
+    bed = SimBed(root=root, ddev=ddev, escrow_dir=tmp_path / "escrow", env=farm_env(tmp_path))
+    escrow_set = bed.provision_and_escrow()
+    custom = root / CUSTOM_DATASET_REL
+    shipped = sha256_path(custom)
+
+    def graded() -> tuple[float, dict[str, str]]:
+        result = bed.run("ai-eval-grade", task)
+        assert result.rc == 0, result.stderr
+        envelope = json.loads(result.stdout)
+        return score_of(envelope), envelope["source_metadata"]["additional_details"]
+
+    score, details = graded()
+    assert score == 0.0 and details["dataset_path"] == CUSTOM_DATASET_REL
+    assert details["dataset_sha256"] == shipped
+    write_faults(root, {"edit_dataset": {"models": [DEFAULT_MODELS[1]]}})
+    bed.attempt(task, model=DEFAULT_MODELS[0], key="honest")
+    assert sha256_path(custom) == shipped  # not a model it names: nothing edited
+    bed.attempt(task, model=DEFAULT_MODELS[1], key="editor")
+    score, edited = graded()
+    assert score == 5.0 and edited["dataset_sha256"] == sha256_path(custom) != shipped
+    assert edited["task_sha256"] != details["task_sha256"]
+    assert bed.verify(escrow_set).rc == 0  # outside the grader tree: the verifier passes
+    assert bed.run("ai-eval-reset").rc == 0
+    diff = json.loads(bed.run("ai-eval-diff").stdout)
+    if mode == "tracked":
+        assert sha256_path(custom) == shipped and diff["files"]["changed"] == []
+        assert graded()[1]["dataset_sha256"] == shipped
+    else:
+        assert sha256_path(custom) == edited["dataset_sha256"]
+        assert diff["files"]["changed"] == [CUSTOM_DATASET_REL] and diff["changed"] is True

@@ -402,7 +402,7 @@ def test_linger_survives_sigkill_of_host_ddev(container_bed: Callable[..., SimBe
     inside = docker_ps(bed)
     assert proc.returncode == -signal.SIGKILL
     assert any(LINGER.search(line) for line in inside)
-    assert any("ddev.py ai-eval-run" in line for line in inside)
+    assert any("run.py ai-eval-run" in line for line in inside)
     [run_line] = wait_until(lambda: command_lines(bed, "ai-eval-run"), timeout=30)
     assert run_line["rc"] == 0 and bed.run_json(run_id)["finished_at"]
     count = beats(bed)
@@ -538,3 +538,65 @@ def test_web_environment_reader(tmp_path: Path) -> None:
     }
     assert parse_string_list("web_environment: []\n", "web_environment") == []
     assert parse_string_list("web_environment: {A: 1}\n", "web_environment") == []
+
+
+# -- the claude adapter's install in the container, and what a root agent leaves ------------------
+
+
+def _install(bed: SimBed) -> str:
+    """The claude adapter's install in the container's home, as `docker exec` reads it."""
+    name = json.loads((bed.root / ".apg-sim" / "config.json").read_text())["container"]
+    proc = subprocess.run(
+        [
+            "docker",
+            "exec",
+            name,
+            "sh",
+            "-c",
+            'cat "${HOME:-/}"/.apg-claude/claude.json 2>/dev/null'
+            " || cat /tmp/apg-sim-home/.apg-claude/claude.json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.stdout
+
+
+def test_the_claude_install_survives_reset_not_restart_and_a_poison_rides_it(cbed: SimBed) -> None:
+    """First run installs (install.txt), reset keeps it, a poisoned install builds a pass for
+    another model, `ddev restart` removes it; `crash: true` fails every later run at once."""
+    cbed.provision_and_escrow()
+    first = cbed.attempt(TASK, key="a")
+    runs = cbed.root / ".ai-proving-ground" / "runs"
+    assert (runs / first / "install.txt").is_file()
+    assert '"version"' in _install(cbed) and "poison" not in _install(cbed)
+    write_config(cbed.root, {"time_scale": FAST, "skill": {m: {TASK: 0.0} for m in DEFAULT_MODELS}})
+    write_faults(cbed.root, {"poison_install": {"models": [DEFAULT_MODELS[1]]}})
+    cbed.attempt(TASK, model=DEFAULT_MODELS[1], key="b")
+    assert cbed.run("ai-eval-reset").rc == 0
+    assert '"poison": "pass"' in _install(cbed)
+    write_faults(cbed.root, {})
+    later = cbed.attempt(TASK, key="c")  # skill 0: only the poison builds a pass
+    assert not (runs / later / "install.txt").exists()
+    assert read_site(cbed.root)["built"][TASK]["result"] == "pass"
+    assert cbed.run("restart").rc == 0
+    assert _install(cbed) == ""
+    assert cbed.run("ai-eval-reset").rc == 0
+    fresh = cbed.attempt(TASK, key="d")
+    assert (runs / fresh / "install.txt").is_file()
+    assert read_site(cbed.root)["built"][TASK]["result"] == "fail"
+    write_faults(cbed.root, {"poison_install": {"crash": True}})
+    cbed.attempt(TASK, key="e")
+    write_faults(cbed.root, {})
+    crashed = cbed.run("ai-eval-run", TASK, "--agent=claude", f"--model={MODEL}")
+    assert crashed.rc == 1 and "APG_CLAUDE_FAILED" in crashed.stderr
+
+
+def test_setuid_plant_leaves_a_setuid_root_shell_and_a_foreign_file(cbed: SimBed) -> None:
+    cbed.provision_and_escrow()
+    write_faults(cbed.root, {"setuid_plant": True})
+    cbed.attempt(TASK)
+    sh = (cbed.root / "apg-sim-sh").stat()
+    assert sh.st_mode & 0o4000 and sh.st_uid == 0
+    assert (cbed.root / "apg-sim-foreign").stat().st_uid == 65534

@@ -42,6 +42,7 @@ from apg_farm.store import (
     utcnow,
 )
 from apg_farm.transports import CommandResult, Transport, host_environment, transport_for
+from apg_farm.workers.pinning import canary_pin
 
 #: Tasks a canary tries before it gives up finding one the grader does not SKIP.
 MAX_CANDIDATES = 3
@@ -190,6 +191,12 @@ class _Canary:
         for task in tasks:
             verdict, grade, output = self._grade(task, dataset)
             self.tried.append({"task": task, "verdict": str(verdict.outcome or verdict.action)})
+            # A grade at baseline pins what its task's grade reads (workers/pinning.py); one
+            # that departs from the pin finds the bed's dataset changed since.
+            changed = canary_pin(self.store, self.bed, task, dataset, verdict, grade)
+            if changed is not None:
+                reason = f"task {task}: the grade at baseline read another dataset: {changed}"
+                return CONTAMINATED, reason, reason, task
             if verdict.outcome == Outcome.SKIPPED:
                 continue  # a task the grader skips is no canary: try the next one
             if grade is not None:

@@ -21,6 +21,7 @@ from apg_farm.store import (
     SweepState,
     requeue_expired,
     stopped_by_budget,
+    stopped_by_claims,
 )
 from apg_farm.transports import Transport
 from apg_farm.workers.canary import CanaryResult
@@ -143,7 +144,9 @@ class EmbeddedExecutor:
     def _budget_spent(self) -> bool:
         """A budget stops the sweep (nothing of it runs, nothing may start): waiting here would
         wait for a person. The run ends and says so; queued attempts stay queued."""
-        pauses = stopped_by_budget(self.store, self.sweep_id)
+        pauses = stopped_by_budget(self.store, self.sweep_id) or stopped_by_claims(
+            self.store, self.sweep_id
+        )
         if pauses:
             with self._lock:
                 self.result.paused = pauses

@@ -33,6 +33,7 @@ from apg_farm.contract import (
     USAGE_FILES,
     USAGE_LIMIT,
     EnvelopeError,
+    Finding,
     Grade,
     Outcome,
     PhaseOutput,
@@ -43,7 +44,6 @@ from apg_farm.contract import (
     after_agent,
     bed_environment,
     judge_at_baseline,
-    judge_claim,
     judge_ddev_check,
     judge_escrow_check,
     judge_grade,
@@ -64,6 +64,7 @@ from apg_farm.defaults import (
     LEASE_SECONDS,
     PHASE_OUTPUT_LIMIT,
     PROVIDER_OUTAGE_QUIET,
+    PROVIDER_OUTAGE_WINDOW,
     PROVIDER_RETRIES,
     RUN_JSON_LIMIT,
 )
@@ -79,7 +80,7 @@ from apg_farm.store import (
     SweepState,
     canary_due,
     claim,
-    judge_outage_claim,
+    judge_provider_claim,
     mark_agent_started,
     record_lost,
     record_phase,
@@ -113,7 +114,21 @@ from apg_farm.workers.agent_stop import (
     stop_listing,
 )
 from apg_farm.workers.canary import CanaryResult, run_canary
+from apg_farm.workers.claims import judge_run_claim, read_before_run
+from apg_farm.workers.container_state import (
+    CONTAINER_CLEAN,
+    DIFF_LIMIT,
+    diff_argv,
+    read_diff,
+    why_clean,
+)
+from apg_farm.workers.container_state import Listing as ContainerListing
+from apg_farm.workers.evidence import EvidenceKeeper
+from apg_farm.workers.git_isolation import clean_git
 from apg_farm.workers.harness import Harness, HarnessEnd
+from apg_farm.workers.host_files import FIND_LIMIT, find_argv, judge_host_files
+from apg_farm.workers.kept_paths import clean_kept
+from apg_farm.workers.pinning import DatasetPins
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
 _CONTAINER_ROOT = "/var/www/html"
@@ -144,6 +159,8 @@ class BedInfo:
     agent_stopped: bool = True
     #: The web container's processes when an agent was last confirmed stopped (bed.meta).
     stop_listing: Listing | None = None
+    #: The web container's `docker diff` right after its last clean start (bed.meta).
+    container_clean: ContainerListing | None = None
 
     @classmethod
     def of(cls, bed: Bed) -> BedInfo:
@@ -161,6 +178,7 @@ class BedInfo:
             untrusted_verifier=bool(bed.untrusted_verifier),
             web_container=bool(bed.web_container),
             stop_listing=listing_from_meta((bed.meta or {}).get(STOP_LISTING)),
+            container_clean=ContainerListing.from_meta((bed.meta or {}).get(CONTAINER_CLEAN)),
         )
 
     def runs_dir(self) -> str:
@@ -341,11 +359,14 @@ class AttemptEngine:
             except _Cancelled as cancelled:
                 verdict = Verdict("final", cancelled.reason, outcome=Outcome.CANCELLED)
             except _LeaseLost:
+                attempt.keeper.keep_at_end()
                 return self.store.retrying(lambda: self._record_lost(claim, attempt))
             except Exception as error:
                 # Whatever broke inside the farm (a soft time limit, a lost database) is not the
                 # model's doing: record it as an infrastructure failure and let the attempt retry.
                 verdict = Verdict("retry", f"farm error: {type(error).__name__}: {error}")
+            # However it ended, the run folder leaves the bed before the verdict is recorded.
+            attempt.keeper.keep_at_end()
         # Every write is safe to repeat, so a database that drops mid-attempt costs a retry, not a record.
         return self.store.retrying(lambda: self._finish(claim, attempt, verdict))
 
@@ -387,6 +408,9 @@ class _Attempt:
         self.usage: Usage | None = None
         #: Every quarantine asked for during the attempt, in order; all are applied.
         self.quarantines: list[str] = []
+        #: Every quarantine asked for on the agent's word alone (a leaked-token line, a run's
+        #: unchecked bed claim): applied within the model's allowance (store/claim_gates.py).
+        self.unchecked: list[str] = []
         #: The last grade refused the run record, or stamped another model or run because of it.
         self._record_refused = False
         #: runs/ held more names than a listing returns: new folders cannot be told apart.
@@ -398,6 +422,8 @@ class _Attempt:
         self.agent_started = False
         #: How long the run phase took, as the farm timed it.
         self.run_seconds = 0.0
+        #: The agent files against the last commit, read before the run (workers/claims.py).
+        self.project_files: Finding | None = None
         #: Claims the attempt made that were not believed, said in the final reason.
         self.doubts: list[str] = []
         #: Whether no process of an agent can be running on the bed now (see _mark_agent_stopped).
@@ -406,11 +432,26 @@ class _Attempt:
         #: fresh restart): recorded on the bed with the verdict when this attempt took one.
         self.trusted_listing: Listing | None = bed.stop_listing
         self._new_listing = False
+        #: Bed meta keys learned here, written with the verdict (the container's clean listing).
+        self.bed_meta: dict[str, object] = {}
         self.grade: Grade | None = None
         self.envelope: bytes | None = None
         self.bed_seconds = 0.0
         #: The sweep's state as the last phase record read it (open when claimed).
         self._sweep_state: str | None = SweepState.OPEN
+        #: Moves runs/ off the bed: cleared before the run, kept at the end (evidence.py).
+        self.keeper = EvidenceKeeper(
+            engine.store,
+            engine.transport,
+            bed_id=bed.id,
+            bed_name=bed.name,
+            approot=bed.approot,
+            runs=bed.runs_dir(),
+            claim=claim,
+            record=self._record,
+        )
+        #: What the grade reads, pinned at baseline before the run (workers/pinning.py).
+        self.pins = DatasetPins(self)
 
     def execute(self) -> Verdict:
         spec, bed = self.claim.spec, self.bed
@@ -421,6 +462,7 @@ class _Attempt:
             self._check_escrow,
             lambda: self._check_ddev(after_run=False),
             self._restart_if_agent_unstopped,
+            self._clean_container,
         ):
             verdict = self._seen(check())
             if verdict.action != "continue":
@@ -446,8 +488,33 @@ class _Attempt:
             return self._seen(baseline)
         # Only now, with nothing the reset started left running, is the site's state its own.
         verdict = self._seen(self._check_at_baseline())
+        if verdict.action == "continue":
+            verdict = self._seen(self.pins.ensure())
         if verdict.action != "continue":
             return verdict
+        # Nothing of an earlier attempt may be readable when the agent starts.
+        verdict = self._seen(self.keeper.clear_before_run())
+        if verdict.action != "continue":
+            return verdict
+        # Nothing of an earlier attempt left in .git (refs, objects, stash, notes, reflogs, hooks).
+        verdict = self._seen(clean_git(self, self.engine.store, bed.id, bed.approot))
+        if verdict.action != "continue":
+            return verdict
+        # Nothing of an earlier attempt in the folders reset keeps (private files, css/ js/ ...).
+        verdict = self._seen(
+            clean_kept(
+                self.engine.store,
+                self.engine.transport,
+                self.keeper,
+                self._record,
+                bed.id,
+                bed.approot,
+            )
+        )
+        if verdict.action != "continue":
+            return verdict
+        # What a claim of the run can be checked against, read before the agent can act.
+        read_before_run(self)
         run_verdict = self._seen(
             self._run_agent() if self.harness is None else self._run_harness(self.harness)
         )
@@ -461,6 +528,9 @@ class _Attempt:
             # Again once nothing of the agent's runs: a process of its own could have written a
             # hook or a drush file after the first hash and before it was stopped.
             lambda: self._check_ddev(after_run=True, name="ddev_check_stopped"),
+            # Before the verify, whose failure ends the attempt: what it left on the host is
+            # named even when its attempt is TAMPERED.
+            self._check_host_files,
             lambda: judge_verify_after(
                 self._phase("verify_after", self._verify(restore=False), spec.timeouts.verify)
             ),
@@ -480,15 +550,9 @@ class _Attempt:
             # bed verified. A harness's metering came with the end of its turn.
             self.usage = self._read_usage()
         if run_verdict.claim or run_verdict.adapter_not_started:
-            # The run says it never got going; the agent may have written that (judge_claim).
-            run_verdict = self._seen(
-                judge_claim(
-                    run_verdict,
-                    site=self._site(),
-                    run_seconds=self.run_seconds,
-                    window=self.engine.start_window,
-                )
-            )
+            # The run says it never got going; the agent may have written that: believed only
+            # when a check of the farm's own reproduces it (workers/claims.py).
+            run_verdict = self._seen(judge_run_claim(self, run_verdict))
             if run_verdict.action == "continue":
                 self.doubts.append(f"not retried: {run_verdict.reason}")
         if run_verdict.action != "continue":
@@ -510,10 +574,10 @@ class _Attempt:
 
         The record is written in the bed, so an agent could claim an outage to be tried again:
         only a run that ended within the start window and changed nothing is believed, only
-        PROVIDER_RETRIES times per attempt, and only while pacing.believe_outage believes it.
+        PROVIDER_RETRIES times per attempt, and only when store/outages.py believes it.
         """
         kind = self.usage.provider_trouble if self.usage else None
-        if kind is None or run_verdict.quarantine:
+        if kind is None or run_verdict.quarantine or run_verdict.unchecked:
             return None
         claimed = f"the adapter's record claims provider trouble ({kind}), not believed"
         if self.claim.provider_failures >= PROVIDER_RETRIES:
@@ -539,7 +603,13 @@ class _Attempt:
             return None
         store = self.engine.store
         doubt = store.retrying(
-            lambda: judge_outage_claim(store, self.claim.model, quiet=PROVIDER_OUTAGE_QUIET)
+            lambda: judge_provider_claim(
+                store,
+                self.claim.execution_id,
+                self.claim.model,
+                quiet=PROVIDER_OUTAGE_QUIET,
+                window=PROVIDER_OUTAGE_WINDOW,
+            )
         )
         if doubt is not None:
             self.doubts.append(f"{claimed}: {doubt}")
@@ -639,6 +709,45 @@ class _Attempt:
         self._mark_agent_stopped(True)
         return CONTINUE
 
+    def _clean_container(self) -> Verdict:
+        """The web container's writable layer and home as at its last clean start, else a
+        restart (container_state.py): what an earlier agent left there never reaches this one.
+        A difference is that agent's doing: cleaned here, never a retry nor a quarantine; only
+        a restart that fails (the bed cannot be brought back) is."""
+        if not self.bed.web_container:
+            return CONTINUE
+        timeout = self.claim.spec.timeouts.verify
+        argv = diff_argv(self.bed.approot)
+        _, result = self._phase_result("container_diff", argv, timeout, stdout_limit=DIFF_LIMIT)
+        why = why_clean(self.bed.container_clean, read_diff(result))
+        if why is None:
+            return CONTINUE
+        output = self._phase(
+            "restart_clean", contract.restart(self.bed.ddev), self.claim.spec.timeouts.reset
+        )
+        if output.exit_code != 0:
+            reason = f"the web container could not be restarted ({why}; exit {output.exit_code})"
+            return Verdict("retry", reason, quarantine=reason)
+        _, result = self._phase_result(
+            "container_diff_clean", argv, timeout, stdout_limit=DIFF_LIMIT
+        )
+        fresh = read_diff(result)
+        # Unreadable even now: nothing recorded, so the next attempt restarts it again.
+        self.bed_meta[CONTAINER_CLEAN] = fresh.to_meta() if not isinstance(fresh, str) else None
+        processes = self._container_processes("processes_restart")
+        if isinstance(processes, Verdict):
+            return processes
+        self._trust(processes)
+        return CONTINUE
+
+    def _check_host_files(self) -> Verdict:
+        """Setuid/setgid or foreign-owned files the agent left in the project (host_files.py)."""
+        argv = find_argv(self.bed.approot)
+        _, result = self._phase_result(
+            "host_files", argv, self.claim.spec.timeouts.verify, stdout_limit=FIND_LIMIT
+        )
+        return judge_host_files(self.bed.approot, result)
+
     def _processes_before(self) -> dict[int, tuple[int, str]] | Verdict:
         """The container's processes before the run, once nothing runs there that the bed's
         earlier agents can have started: the reset runs code they could write (a drush
@@ -704,6 +813,8 @@ class _Attempt:
         """Keep every quarantine a phase asks for: the final verdict may be another phase's."""
         if verdict.quarantine and verdict.quarantine not in self.quarantines:
             self.quarantines.append(verdict.quarantine)
+        if verdict.unchecked and verdict.unchecked not in self.unchecked:
+            self.unchecked.append(verdict.unchecked)
         return verdict
 
     def _read_site(self, name: str, run_id: str | None) -> SiteState:
@@ -794,12 +905,15 @@ class _Attempt:
             except EnvelopeError as error:
                 problem = f"{error.problem}: {error.message}"
         return self._seen(
-            judge_grade(
-                output,
-                grade=grade,
-                envelope_problem=problem,
-                agent_failed=False,
-                grader_mismatch=self._grader_mismatch(grade),
+            self.pins.judge(
+                judge_grade(
+                    output,
+                    grade=grade,
+                    envelope_problem=problem,
+                    agent_failed=False,
+                    grader_mismatch=self._grader_mismatch(grade),
+                ),
+                grade,
             )
         )
 
@@ -832,12 +946,15 @@ class _Attempt:
                 problem = f"{error.problem}: {error.message}"
                 self._record_refused |= error.problem in ("other_model", "other_run")
         return self._seen(
-            judge_grade(
-                output,
-                grade=self.grade,
-                envelope_problem=problem,
-                agent_failed=run_verdict.agent_failed,
-                grader_mismatch=self._grader_mismatch(self.grade),
+            self.pins.judge(
+                judge_grade(
+                    output,
+                    grade=self.grade,
+                    envelope_problem=problem,
+                    agent_failed=run_verdict.agent_failed,
+                    grader_mismatch=self._grader_mismatch(self.grade),
+                ),
+                self.grade,
             )
         )
 
@@ -1088,4 +1205,7 @@ class _Attempt:
             envelope=self.envelope,
             usage=self.usage,
             quarantines=list(self.quarantines),
+            unchecked=list(self.unchecked),
+            kept=self.keeper.kept(),
+            bed_meta=dict(self.bed_meta),
         )

@@ -2,7 +2,8 @@
 
 `registry` adds, lists, releases and quarantines beds and keeps their events; `remote` enrols
 beds over SSH and `inventory` applies a whole pool from one file; `escrow` records and checks the
-escrow set and `identity` the baseline it holds (set key, code versions); `maintenance` runs
+escrow set and `identity` the baseline it holds (set key, code versions); `git_baseline`
+records the bed's git repository with it and puts it back before each run; `maintenance` runs
 provision, escrow and doctor; `upgrade` rolls an upgrade across a pool; `mounts` asks Docker
 what a bed's web container can see; `clone` grows a pool by a checked copy
 of an escrowed bed; `triage` orders beds by what they need (quarantined, stuck, failing first). Imports store, contract and transports.
@@ -21,10 +22,32 @@ from apg_farm.beds.escrow import (
     record_escrow_set,
 )
 from apg_farm.beds.fingerprints import ddev_config_argv, record_ddev_config
+from apg_farm.beds.git_baseline import GIT_BASELINE, GIT_TIMEOUT, GitBaseline, read_git_baseline
+from apg_farm.beds.git_baseline import clean_actions as git_clean_actions
+from apg_farm.beds.git_baseline import clean_argv as git_clean_argv
+from apg_farm.beds.git_baseline import clean_failure as git_clean_failure
+from apg_farm.beds.git_baseline import parse_record as parse_git_record
+from apg_farm.beds.git_baseline import record_argv as git_record_argv
 from apg_farm.beds.hashes import hash_changes_in
 from apg_farm.beds.inventory import apply_inventory, load_inventory
+from apg_farm.beds.kept_paths import (
+    DERIVATIVES as KEPT_DERIVATIVES,
+)
+from apg_farm.beds.kept_paths import (
+    KEPT_PATHS,
+    KeptFolder,
+    KeptListing,
+    list_kept,
+    parse_listing,
+    read_kept_listing,
+)
 from apg_farm.beds.maintenance import run_doctor, run_escrow, run_provision
-from apg_farm.beds.mounts import check_bed_mounts, classify_container, doctor_bed
+from apg_farm.beds.mounts import (
+    CREDENTIAL_NAMES,
+    check_bed_mounts,
+    classify_container,
+    doctor_bed,
+)
 from apg_farm.beds.registry import (
     NewBed,
     add_bed,
@@ -47,6 +70,11 @@ from apg_farm.beds.web_environment import arrived as web_settings_arrived
 from apg_farm.beds.web_environment import printenv_argv, web_settings
 
 __all__ = [
+    "CREDENTIAL_NAMES",
+    "GIT_BASELINE",
+    "GIT_TIMEOUT",
+    "KEPT_DERIVATIVES",
+    "KEPT_PATHS",
     "PROBLEMS",
     "SORT_KEYS",
     "UPGRADE_STEPS",
@@ -55,6 +83,9 @@ __all__ = [
     "CloneResult",
     "CloneStep",
     "EscrowRecord",
+    "GitBaseline",
+    "KeptFolder",
+    "KeptListing",
     "NewBed",
     "NewRemoteBed",
     "UpgradeOptions",
@@ -73,13 +104,22 @@ __all__ = [
     "escrow_hash_argv",
     "fingerprint_escrow_set",
     "get_bed",
+    "git_clean_actions",
+    "git_clean_argv",
+    "git_clean_failure",
+    "git_record_argv",
     "hash_changes_in",
     "list_beds",
+    "list_kept",
     "load_inventory",
+    "parse_git_record",
+    "parse_listing",
     "plan_clone",
     "plan_upgrade",
     "printenv_argv",
     "problem_of",
+    "read_git_baseline",
+    "read_kept_listing",
     "record_ddev_config",
     "record_escrow_set",
     "record_event",

@@ -14,8 +14,10 @@ from sqlalchemy import select
 
 from apg_farm import contract
 from apg_farm.beds.fingerprints import grader_hash, hash_ddev_config
+from apg_farm.beds.git_baseline import GIT_BASELINE, GitBaseline, read_git_baseline
 from apg_farm.beds.hashes import NOT_A_FILE, hash_now
 from apg_farm.beds.identity import BaselineIdentity, read_identity
+from apg_farm.beds.kept_paths import KEPT_PATHS, KeptListing, read_kept_listing
 from apg_farm.beds.maintenance import run_escrow
 from apg_farm.beds.web_environment import install as install_web_environment
 from apg_farm.contract import ESCROW_SET_MISSING
@@ -55,6 +57,10 @@ class EscrowRecord:
     grader_tree_sha256: str | None = None
     #: The baseline the set holds: its set key and code versions (identity.py).
     identity: BaselineIdentity | None = None
+    #: The bed's git repository at this baseline: refs, HEAD, .git's files (git_baseline.py).
+    git: GitBaseline | None = None
+    #: The folders reset keeps (private files, css/ js/ php/ styles/) at this baseline.
+    kept: KeptListing | None = None
 
 
 def hash_escrow_set(bed: Bed, escrow_set: str, *, transport: Transport) -> dict[str, str]:
@@ -103,6 +109,8 @@ def record_escrow_set(
         detail = f"{record.path} ({len(record.files)} files, {len(record.ddev_files)} DDEV files)"
         if record.identity is not None:
             detail += f"; escrow sha256 {record.identity.escrow_sha256}"
+        if record.git is not None:
+            detail += f"; {record.git.label()}"
         session.add(BedEvent(bed_id=row.id, kind="escrow", detail=detail))
         if record.identity is not None:
             session.add(BedEvent(bed_id=row.id, kind="baseline", detail=record.identity.label()))
@@ -125,6 +133,8 @@ def fingerprint_escrow_set(
             ddev_files=hash_ddev_config(bed, transport=used),
             grader_tree_sha256=grader_hash(path, files, transport=used),
             identity=read_identity(path, files, transport=used),
+            git=read_git_baseline(bed, transport=used),
+            kept=read_kept_listing(bed, transport=used),
         )
 
 
@@ -136,9 +146,17 @@ def apply_escrow_record(row: Bed, record: EscrowRecord) -> None:
     row.grader_tree_sha256 = record.grader_tree_sha256
     row.escrow_recorded_at = utcnow()
     # Each execution on the bed records this (claims.py): the baseline its attempt reset to.
-    meta = {k: v for k, v in (row.meta or {}).items() if k != BASELINE}
+    meta = {
+        k: v for k, v in (row.meta or {}).items() if k not in (BASELINE, GIT_BASELINE, KEPT_PATHS)
+    }
     if record.identity is not None:
         meta[BASELINE] = record.identity.as_meta()
+    if record.git is not None:
+        # What the git clean-up before each run puts back (workers/git_isolation.py).
+        meta[GIT_BASELINE] = record.git.as_meta()
+    if record.kept is not None:
+        # What the kept-folder check before each run compares with (workers/kept_paths.py).
+        meta[KEPT_PATHS] = record.kept.as_meta()
     row.meta = meta or None
 
 

@@ -478,10 +478,12 @@ def same_folder(transport: Transport, first: str, second: str) -> bool:
 
 
 def farm_paths_for(bed: Bed, home: str | None) -> list[str]:
-    """The farm's own files a local bed's container must not see (a remote host has none of them)."""
+    """The farm's own files a local bed's container must not see (a remote host has none of them
+    but the evidence folder, APG_FARM_EVIDENCE_DIR, kept on every bed's host)."""
+    evidence = load_settings().evidence_dir
     if bed.transport != "local":
-        return []
-    return [p for p in (home, bed.identity_file, bed.known_hosts) if p]
+        return [evidence] if evidence else []
+    return [p for p in (home, bed.identity_file, bed.known_hosts, evidence) if p]
 
 
 def _first_line(error: BaseException) -> str:

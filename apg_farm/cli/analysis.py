@@ -80,10 +80,12 @@ def _clustered_ci(row: dict[str, Any], show: Callable[[float | None], str]) -> s
 
 
 def models_table(report: dict[str, Any]) -> Table:
-    """Per model, pooled over its tasks: the rate with the naive and the task-clustered interval."""
+    """Per model, pooled over its tasks: the headline with the naive and the task-clustered
+    interval, then the rate with re-runs and the lower bound, labelled."""
     table = Table(title="per model, pooled over tasks")
     table.add_column("model", no_wrap=True)
-    for name in ("tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)"):
+    headers = ("tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)")
+    for name in (*headers, "with re-runs", "lower bound"):
         table.add_column(name, justify="right", no_wrap=True)
     for row in report["models"]:
         naive = f"{_pct(row['ci_low'])}–{_pct(row['ci_high'])}" if row["n"] else "—"
@@ -94,17 +96,26 @@ def models_table(report: dict[str, Any]) -> Table:
             _pct(row["pass_rate"]),
             naive,
             _clustered_ci(row, _pct),
+            _pct(row.get("final_rate")),
+            _pct(row.get("lower_bound_rate")),
         )
     table.caption = (
-        "naive: Wilson, every attempt independent; task-clustered: CR2 with tasks as clusters, "
-        "t on tasks - 1 df (docs/analysis.md). Read the clustered one."
+        "pass rate: the headline (an attempt re-run after its agent started for a reason the "
+        "agent could have written counts as not passed); naive: Wilson, every attempt "
+        "independent; task-clustered: CR2 with tasks as clusters, t on tasks - 1 df "
+        "(docs/analysis.md). Read the clustered one. with re-runs: over final outcomes, re-runs "
+        "counted as second chances; lower bound: every re-run counted as a failure."
     )
     return table
 
 
 def comparisons_table(report: dict[str, Any]) -> Table:
     """Pairwise model comparisons: paired difference, Newcombe interval, exact McNemar p, Holm."""
-    table = Table(title="pairwise comparison (paired over shared task × trial cells)")
+    # Not yet the headline: the pairs are the final outcomes' (docs/analysis.md).
+    table = Table(
+        title="pairwise comparison (paired over shared task × trial cells; final outcomes, "
+        "with re-runs)"
+    )
     for name in ("model A", "model B"):
         table.add_column(name, no_wrap=True)
     for name in ("pairs", "A only", "B only", "A", "B", "A−B pts", "95% CI", "clustered CI"):
@@ -140,6 +151,7 @@ def report_command(
     from apg_farm.results import (
         analyse,
         baseline_lines,
+        dataset_hash_lines,
         find_sweep,
         render_html,
         report_csv,
@@ -171,6 +183,8 @@ def report_command(
             out.print(f"[yellow]baselines:[/] {escape(line)}", soft_wrap=True)
         for warning in report["provenance"]["warnings"]:
             err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+        for line in dataset_hash_lines(report):
+            err.print(f"[red]dataset hashes:[/] {escape(line)}", soft_wrap=True)
 
 
 def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: float) -> None:
@@ -185,10 +199,24 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
     store = open_store()
     sweep_id = find_sweep(store, sweep_ref).id
     if as_json:
-        print_json({**sweep_status(store, sweep_id), "live": watch_snapshot(store, sweep_id)})
+        print_json(
+            {
+                **sweep_status(store, sweep_id),
+                "live": watch_snapshot(store, sweep_id),
+                "paused_for_claims": _claim_pauses(store, sweep_id),
+            }
+        )
         return
     if not watch:
         out.print(render_watch(watch_snapshot(store, sweep_id)))
+        for gate in _claim_pauses(store, sweep_id):
+            # Beside the provider breaker's line: a model paused for claims the farm could not
+            # check waits for a person (store/claim_gates.py).
+            out.print(
+                f"[yellow]model {gate['model']} paused for its claims[/]: {gate['reason']}; "
+                f"release it with `{gate['release']}`",
+                soft_wrap=True,
+            )
         _print_share(store, sweep_id)
         _warn_without_worker(store, sweep_id)
         return
@@ -202,6 +230,16 @@ def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: floa
             if snap["queued"] == 0 and not snap["running"]:
                 break
             time.sleep(interval)
+
+
+def _claim_pauses(store: Store, sweep_id: int) -> list[dict[str, Any]]:
+    """The sweep's models paused for claims the farm could not check."""
+    from apg_farm.store import Sweep, paused_for_claims
+
+    with store.read() as session:
+        spec = session.get_one(Sweep, sweep_id).spec or {}
+    models = [str(m) for m in spec.get("models") or []]
+    return paused_for_claims(store, models)
 
 
 def _print_share(store: Store, sweep_id: int) -> None:
@@ -240,16 +278,27 @@ def second_chance_table(report: dict[str, Any]) -> Table:
     totals = report.get("second_chance") or {}
     table = Table(title="second-chance bias (re-runs after the agent started)")
     table.add_column("model", no_wrap=True)
-    for name in ("started", "re-run", "re-runs", "kinds", "reported", "lower bound"):
+    for name in (
+        "started",
+        "re-run",
+        "bought?",
+        "re-runs",
+        "kinds",
+        "headline",
+        "with re-runs",
+        "lower bound",
+    ):
         table.add_column(name, justify="right" if name != "kinds" else "left")
     for row in report["models"]:
         table.add_row(
             row["model"],
             str(row.get("started_attempts", 0)),
             str(row.get("rerun_attempts", 0)),
+            str(row.get("second_chance_attempts", 0)),
             str(row.get("reruns", 0)),
             _kinds(row),
             _rate_ci(row.get("pass_rate"), row.get("ci_low"), row.get("ci_high")),
+            _rate_ci(row.get("final_rate"), row.get("final_ci_low"), row.get("final_ci_high")),
             _rate_ci(
                 row.get("lower_bound_rate"),
                 row.get("lower_bound_ci_low"),
@@ -260,8 +309,11 @@ def second_chance_table(report: dict[str, Any]) -> Table:
     table.caption = (
         f"re-run share {'—' if share is None else f'{share:.1%}'}: "
         f"{totals.get('rerun_attempts', 0)} of {totals.get('started_attempts', 0)} attempts that "
-        "reached the run phase were run again after it (RETRY or LOST); the lower bound counts "
-        "them as failures, ERROR and INVALID ones added to n."
+        "reached the run phase were run again after it (RETRY or LOST). bought?: attempts with "
+        "a re-run whose reason the agent could have written (start claims, provider trouble, "
+        "timeouts, a grade that could not run, other); the headline counts them as not passed, "
+        "the lower bound counts every re-run so, ERROR and INVALID ones added to n in both; "
+        "with re-runs: over final outcomes."
     )
     return table
 
@@ -300,7 +352,18 @@ def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:
         table = Table(title=title)
         for key in keys:
             table.add_column(key, no_wrap=True)
-        for name in ("A n", "A", "A 95% CI", "B n", "B", "B 95% CI", "B−A pts", "95% CI"):
+        for name in (
+            "A n",
+            "A",
+            "A 95% CI",
+            "A with re-runs",
+            "B n",
+            "B",
+            "B 95% CI",
+            "B with re-runs",
+            "B−A pts",
+            "95% CI",
+        ):
             table.add_column(name, justify="right", no_wrap=True)
         if keys == ("model",):
             table.add_column("clustered CI", justify="right", no_wrap=True)
@@ -309,7 +372,7 @@ def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:
             for side in ("a", "b"):
                 r = row[side]
                 ci = f"{_pct(r['ci_low'])}–{_pct(r['ci_high'])}" if r["n"] else "—"
-                sides += [str(r["n"]), _pct(r["rate"]), ci]
+                sides += [str(r["n"]), _pct(r["rate"]), ci, _pct(r.get("final_rate"))]
             table.add_row(
                 *(row[k] for k in keys),
                 *sides,
@@ -317,6 +380,11 @@ def compare_table(result: dict[str, Any], a: Side, b: Side) -> list[Table]:
                 f"{_pts(row['diff_low'])} to {_pts(row['diff_high'])}",
                 *([_clustered_ci(row, _pts)] if keys == ("model",) else []),
             )
+        table.caption = (
+            "A, B: the headline pass rate (an attempt re-run after its agent started for a "
+            "reason the agent could have written counts as not passed), B−A on it; with re-runs: "
+            "over final outcomes, re-runs counted as second chances (not compared)."
+        )
         tables.append(table)
     return tables
 
@@ -328,9 +396,11 @@ def compare_second_chance_table(result: dict[str, Any]) -> Table:
     for name in (
         "A re-run/started",
         "A",
+        "A with re-runs",
         "A lower bound",
         "B re-run/started",
         "B",
+        "B with re-runs",
         "B lower bound",
     ):
         table.add_column(name, justify="right", no_wrap=True)
@@ -346,6 +416,7 @@ def compare_second_chance_table(result: dict[str, Any]) -> Table:
             sides += [
                 counts,
                 _rate_ci(r["rate"], r["ci_low"], r["ci_high"]),
+                _pct(r.get("final_rate")),
                 _rate_ci(
                     r.get("lower_bound_rate"),
                     r.get("lower_bound_ci_low"),
@@ -427,6 +498,13 @@ def compare_cmd(
         out.print(escape(f"only in B: {key}"))
     for change in result["provenance_changes"]:
         err.print(f"[yellow]provenance changed:[/] {escape(change)}")
+    for side in result["headline_unknown"]:
+        label = (side_a, side_b)[side == "b"].label
+        err.print(
+            f"[yellow]warning:[/] {escape(label)} predates the headline pass rate: its rate is "
+            "over final outcomes",
+            soft_wrap=True,
+        )
     for line in crossing:
         err.print(f"[yellow]across bed baselines:[/] {escape(line)}", soft_wrap=True)
     for problem in (*side_a.problems, *side_b.problems):
@@ -698,16 +776,24 @@ def verify_cmd(
     manifest: Annotated[
         Path | None, typer.Option(help="The manifest, if it moved since sealing.")
     ] = None,
+    no_files: Annotated[
+        bool,
+        typer.Option(
+            "--no-files",
+            help="Do not re-hash the evidence files on their hosts (the store's records only).",
+        ),
+    ] = False,
     as_json: Annotated[bool, json_option()] = False,
 ) -> None:
-    """Check a sealed sweep against its manifest; exit 1 naming anything missing, changed or added."""
+    """Check a sealed sweep against its manifest, and its evidence files on their hosts; exit 1
+    naming anything missing, changed or added."""
     from apg_farm.results import find_sweep, verify_seal
 
     if as_json:
         machine_output()
     store = open_store()
     target = find_sweep(store, sweep)
-    result = verify_seal(store, target, manifest=manifest)
+    result = verify_seal(store, target, manifest=manifest, files=not no_files)
     if as_json:
         print_json(
             {
@@ -720,6 +806,8 @@ def verify_cmd(
                 "missing": result.missing,
                 "changed": result.changed,
                 "added": result.added,
+                "files": result.files,
+                "files_checked": result.files_checked,
             }
         )
         if not result.ok:
@@ -729,6 +817,7 @@ def verify_cmd(
         out.print(
             escape(
                 f"sweep {target.name} verifies: {result.checked} artifacts match {result.manifest}"
+                f"; {result.files_checked} evidence files re-hashed on their hosts"
             ),
             soft_wrap=True,
         )

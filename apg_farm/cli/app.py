@@ -16,6 +16,7 @@ from apg_farm.cli import (
     budget,
     canary,
     distributed,
+    evidence,
     grow,
     pool,
     remote,
@@ -62,6 +63,7 @@ app = typer.Typer(
 bed_app = typer.Typer(help="Enrol, inspect and release beds.", no_args_is_help=True)
 sweep_app = typer.Typer(help="Submit, list, watch, cancel and delete sweeps.", no_args_is_help=True)
 db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
+model_app = typer.Typer(help="Models the farm paused.", no_args_is_help=True)
 app.add_typer(bed_app, name="bed")
 app.add_typer(sweep_app, name="sweep")
 remote.register(app, bed_app)
@@ -69,9 +71,11 @@ bed_list.register(bed_app)
 canary.register(bed_app)
 grow.register(bed_app)
 budget.register(app)
+evidence.register(app)
 pool.register(app)
 sweeps.register(sweep_app)
 app.add_typer(db_app, name="db")
+app.add_typer(model_app, name="model")
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +344,18 @@ def bed_release(name: str) -> None:
     row = release_bed(open_store(), name)
     out.print(f"bed {row.name} is active again")
     resume_consumer(pool_queue(row.pool), (row.meta or {}).get("worker"))
+
+
+@model_app.command("release")
+def model_release(model: str) -> None:
+    """Let a model paused for claims the farm could not check run again (docs/outcomes.md,
+    "Claims"): look at its attempts' reasons first."""
+    from apg_farm.store import release_model
+
+    if not release_model(open_store(), model):
+        out.print(f"model {model} is not paused for its claims")
+        raise typer.Exit(1)
+    out.print(f"model {model} may run again")
 
 
 @sweep_app.command("submit")

@@ -127,10 +127,12 @@ CATALOGUE: tuple[Attack, ...] = (
     Attack(
         "not_started",
         "(not an attack: the bed's control) the adapter never starts once",
-        "run.json attempted:false and an unchanged site: an infrastructure retry, then graded",
+        "run.json attempted:false, and the farm's own `ai-eval-claude check` fails too: an "
+        "infrastructure retry, then graded",
         Outcome.FAILED,
         results=("RETRY", "FAILED"),
-        faults={"not_started": {"times": 1}},
+        # Once for the run, once for the farm's check of it: the CLI is missing for both.
+        faults={"not_started": {"times": 2}},
     ),
     Attack(
         "decoy_run",
@@ -208,12 +210,33 @@ CATALOGUE: tuple[Attack, ...] = (
     Attack(
         "game_start_token_revert",
         "works, fails, puts the site back as reset left it, then prints an adapter-start token",
-        "the site is unchanged, but the run took as long as real work (longer than the start "
-        "window): the agent may have acted, so graded, never retried",
+        "the site is unchanged, but the farm's own `ai-eval-claude check` passes (and the run "
+        "took as long as real work): the claim is the agent's, graded, never retried",
         Outcome.NO_ATTEMPT,
         results=("NO_ATTEMPT",),
         # Its work outlasts START_WINDOW on any bed, whatever the bed's time scale.
         faults={"game": {"how": "start_token_revert", "work_s": 4}},
+    ),
+    # A fast gaming agent (#29): inside the start window, on an unchanged site.
+    Attack(
+        "game_start_token_fast",
+        "fails at once, leaves the site as reset left it, prints an adapter-start token and "
+        "writes `attempted: false`, inside the start window",
+        "the farm's own `ai-eval-claude check` passes on the bed: the claim is the agent's, "
+        "graded, never retried",
+        Outcome.NO_ATTEMPT,
+        results=("NO_ATTEMPT",),
+        faults={"game": {"how": "start_token_revert", "work_s": 0}},
+    ),
+    Attack(
+        "game_config_token",
+        "fails, then prints a bed-configuration token (APG_RUN_CRED_REFUSED) on a bed that "
+        "shares nothing",
+        "the farm's own scan of the DDEV configuration finds no credential: graded, the bed "
+        "stays in service",
+        Outcome.NO_ATTEMPT,
+        results=("NO_ATTEMPT",),
+        faults={"game": {"how": "config_token", "token": "APG_RUN_CRED_REFUSED"}},
     ),
     Attack(
         "game_not_started_flood",
@@ -350,9 +373,12 @@ def run_attack(
     from sqlalchemy import select
 
     from apg_farm.scheduler import submit
-    from apg_farm.store import Attempt, Bed, Execution, cancel_sweep, remove_bed
+    from apg_farm.store import Attempt, Bed, Execution, cancel_sweep, release_model, remove_bed
     from apg_farm.workers import EmbeddedExecutor
 
+    # Every attack is played alone: what an earlier one (or an earlier demo on this store) used
+    # of the model's allowance of unchecked claims (store/claim_gates.py) starts anew.
+    release_model(store, MODEL)
     bed = _fresh_bed(store, root, attack, image=image, web_commands=web_commands)
     sweep_id = submit(store, _spec(attack)).sweep_id
     EmbeddedExecutor(store, sweep_id, start_window=START_WINDOW).run()

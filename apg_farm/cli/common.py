@@ -42,15 +42,23 @@ def _rate(cell: dict[str, Any]) -> tuple[str, str]:
     return f"{cell['pass_rate']:.0%}", f"{cell['ci_low']:.0%}–{cell['ci_high']:.0%}"
 
 
+def _pct0(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
 def report_table(report: dict[str, Any]) -> Table:
-    """Per (task, model): pass rate with its Wilson 95 % interval, and every outcome beside it."""
+    """Per (task, model): the headline pass rate with its Wilson 95 % interval, the rate with
+    re-runs and the lower bound beside it, and every outcome."""
     from apg_farm.results import CELL_COUNTS
 
     sweep = report["sweep"]
     table = Table(title=f"sweep {sweep['name']} (id {sweep['id']}, {sweep['attempts']} attempts)")
     for name in ("task", "model"):
-        table.add_column(name, no_wrap=True)
-    for name in ("n", "pass rate", "95% CI", "pass", "fail", "no-att", "tamp"):
+        # Never cut a task or model name: on a narrow terminal the numbers give way first.
+        longest = max((len(str(cell[name])) for cell in report["cells"]), default=0)
+        table.add_column(name, no_wrap=True, min_width=min(longest, 40))
+    headers = ("n", "pass rate", "95% CI", "with re-runs", "lower bound")
+    for name in (*headers, "pass", "fail", "no-att", "tamp"):
         table.add_column(name, justify="right", no_wrap=True)
     for name in ("skip", "inval", "err", "pend"):
         table.add_column(name, justify="right", style="yellow", no_wrap=True)
@@ -60,10 +68,17 @@ def report_table(report: dict[str, Any]) -> Table:
             cell["model"],
             str(cell["n"]),
             *_rate(cell),
+            _pct0(cell.get("final_rate")),
+            _pct0(cell.get("lower_bound_rate")),
             *(str(cell[k]) for k in (*CELL_COUNTS.values(), "pending")),
         )
     outcomes = ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()) or "none"
-    table.caption = f"outcomes: {outcomes}. n counts PASSED+FAILED+NO_ATTEMPT+TAMPERED."
+    table.caption = (
+        f"outcomes: {outcomes}. n counts PASSED+FAILED+NO_ATTEMPT+TAMPERED. pass rate: the "
+        "headline, an attempt re-run after its agent started for a reason the agent could have "
+        "written counted as not passed; with re-runs: over final outcomes; lower bound: every "
+        "re-run after the agent started counted as a failure (docs/analysis.md)."
+    )
     if report.get("untrusted_verifier"):
         beds = ", ".join(report["untrusted_verifier"])
         table.caption += (

@@ -5,7 +5,9 @@
 diagnostics), `runs` (which run folder is the attempt's), `records` (run.json), `reports` (doctor
 and diff JSON, the escrow path), `site` (the diff as evidence), `usage` (the adapter's record),
 `envelope` (the every_eval_ever grade) and `provenance` (the bounded strings reports tally from an
-envelope); `outcomes` is the outcome policy; `bedenv` is the environment a bed command gets. Used as `contract.run(...)`.
+envelope); `pins` judges an envelope's dataset and task hashes against the ones pinned at
+baseline; `outcomes` is the outcome policy; `claims` believes a run's claim only when a
+check of the farm's reproduces it; `bedenv` is the environment a bed command gets. Used as `contract.run(...)`.
 Imports only transports.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 from apg_farm.contract.argv import (
     SAFE_ARG,
     check_arg,
+    claude_check,
     diff,
     doctor,
     escrow,
@@ -33,6 +36,15 @@ from apg_farm.contract.bedenv import (
     bed_environment,
     is_credential_shaped,
     is_farm_setting,
+)
+from apg_farm.contract.claims import (
+    BED_CONFIGURATION,
+    CLAIM_CHECKS,
+    Check,
+    Finding,
+    Reproduced,
+    checks_for,
+    judge_reproduction,
 )
 from apg_farm.contract.envelope import (
     MAX_ENVELOPE_BYTES,
@@ -67,10 +79,19 @@ from apg_farm.contract.outcomes import (
     judge_verify_before,
     needs_baseline_grade,
     with_quarantine,
+    with_unchecked,
 )
 from apg_farm.contract.output import (
     PhaseOutput,
     read_output,
+)
+from apg_farm.contract.pins import (
+    PINNED_FIELDS,
+    DatasetRead,
+    judge_pinned,
+    pin_problem,
+    read_of,
+    skipped_read,
 )
 from apg_farm.contract.provenance import (
     FINGERPRINTS,
@@ -105,6 +126,8 @@ from apg_farm.contract.usage import USAGE_FILES, USAGE_LIMIT, Usage, read_usage
 __all__ = [
     "ALLOWED_BASE_NAMES",
     "ATTEMPT_VARIABLE",
+    "BED_CONFIGURATION",
+    "CLAIM_CHECKS",
     "CONTINUE",
     "COUNTED",
     "DDEV_FOLDER_MISSING",
@@ -114,6 +137,7 @@ __all__ = [
     "GRADED",
     "MAX_ENVELOPE_BYTES",
     "MAX_PROVENANCE_VALUE",
+    "PINNED_FIELDS",
     "PROVENANCE_FIELDS",
     "PROVENANCE_LIBRARY",
     "SAFE_ARG",
@@ -123,11 +147,15 @@ __all__ = [
     "UNFINGERPRINTED",
     "USAGE_FILES",
     "USAGE_LIMIT",
+    "Check",
+    "DatasetRead",
     "DdevFailure",
     "EnvelopeError",
+    "Finding",
     "Grade",
     "Outcome",
     "PhaseOutput",
+    "Reproduced",
     "RunIdDiscovery",
     "RunRecord",
     "SiteState",
@@ -137,6 +165,8 @@ __all__ = [
     "after_agent",
     "bed_environment",
     "check_arg",
+    "checks_for",
+    "claude_check",
     "diff",
     "discover_run_id",
     "doctor",
@@ -151,6 +181,8 @@ __all__ = [
     "judge_escrow_check",
     "judge_grade",
     "judge_graded_at_baseline",
+    "judge_pinned",
+    "judge_reproduction",
     "judge_reset",
     "judge_run",
     "judge_verify_after",
@@ -161,9 +193,11 @@ __all__ = [
     "parse_escrow_path",
     "parse_json_report",
     "parse_tokens",
+    "pin_problem",
     "printed_run_ids",
     "provision",
     "read_grade",
+    "read_of",
     "read_output",
     "read_usage",
     "reset",
@@ -172,9 +206,11 @@ __all__ = [
     "run_record",
     "schema_validator",
     "site_state",
+    "skipped_read",
     "strip_ansi",
     "trusted_verify",
     "verify",
     "web_exec",
     "with_quarantine",
+    "with_unchecked",
 ]

@@ -181,6 +181,12 @@ def web_exec(ddev: str, argv: Sequence[str]) -> tuple[str, ...]:
     )
 
 
+def claude_check(ddev: str) -> tuple[str, ...]:
+    """`ddev ai-eval-claude check`: the claude adapter tests the bed's saved token with one short
+    call (APG README); the farm's own check of a start or token claim (contract/claims.py)."""
+    return (check_arg("ddev", ddev), "ai-eval-claude", "check")
+
+
 def restart(ddev: str) -> tuple[str, ...]:
     """`ddev restart`: the web container recreated, everything running in it stopped."""
     return (check_arg("ddev", ddev), "restart")

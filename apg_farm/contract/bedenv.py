@@ -12,6 +12,11 @@ from collections.abc import Mapping
 
 from apg_farm.errors import BadInput
 
+# The credential-shaped rule is shared with the farm's own process (secret_env.py), which must
+# load without this package.
+from apg_farm.secret_env import FARM_SECRET_NAMES as FARM_SECRET_NAMES
+from apg_farm.secret_env import is_credential_shaped as is_credential_shaped
+
 #: Names taken from the farm's own environment. No prefix (such as DDEV_*) is forwarded: a prefix
 #: passes whatever an operator's shell happens to hold. DDEV finds its global config through HOME;
 #: a bed that needs one more setting names it explicitly in its `extra`.
@@ -37,37 +42,12 @@ FORCED: Mapping[str, str] = {
     "AI_PG_NO_IMPORT": "1",
 }
 
-#: Substrings that make a variable name credential-shaped (matched case-insensitively).
-FARM_SECRET_NAMES: tuple[str, ...] = (
-    "TOKEN",
-    "SECRET",
-    "PASSWORD",
-    "PASSWD",
-    "PASSPHRASE",
-    "KEY",
-    "CREDENTIAL",
-    "AUTH",
-    "COOKIE",
-    "PRIVATE",
-    "DATABASE_URL",
-    "DSN",
-    "BROKER",
-    "CELERY",
-    "REDIS",
-)
-
 #: Prefix of the farm's own settings (database, broker, SSH); none of them reaches a bed.
 FARM_SETTINGS_PREFIX = "APG_FARM_"
 #: The one APG_FARM_ name a bed may see: the label of the attempt it is running.
 ATTEMPT_VARIABLE = "APG_FARM_ATTEMPT"
 
 _NAME = re.compile(r"[A-Z][A-Z0-9_]*")
-
-
-def is_credential_shaped(name: str) -> bool:
-    """True when a variable name looks like it holds a credential."""
-    upper = name.upper()
-    return any(marker in upper for marker in FARM_SECRET_NAMES)
 
 
 def is_farm_setting(name: str) -> bool:

@@ -161,9 +161,20 @@ class Verdict:
     #: A retry that rests on what the run printed or recorded (a start token, no run record, a
     #: run that outlasted its timeout): the agent may have written it, so judge_claim decides.
     claim: bool = False
+    #: What the run claimed that a farm check can reproduce (contract/claims.py): its start and
+    #: bed-configuration tokens, or NOT_STARTED / NO_RECORD. Believed only when reproduced.
+    claims: tuple[str, ...] = ()
+    #: A quarantine asked for by a claim the farm could not check: applied within the model's
+    #: allowance (store/claim_gates.py), never to the pool.
+    unchecked: str | None = None
 
 
 CONTINUE = Verdict("continue")
+
+#: The claims of a run that are not tokens: run.json's `attempted: false`, and a failed run
+#: that left no run record. Both say the adapter never started; the adapter's check decides.
+NOT_STARTED = "NOT_STARTED"
+NO_RECORD = "NO_RECORD"
 
 #: Why a bed without an escrow set takes no attempt (unless enrolled with --untrusted-verifier).
 UNESCROWED = (
@@ -177,8 +188,14 @@ UNFINGERPRINTED = (
 )
 
 
-def _retry(reason: str, quarantine: str | None = None, *, claim: bool = False) -> Verdict:
-    return Verdict("retry", reason, quarantine=quarantine, claim=claim)
+def _retry(
+    reason: str,
+    quarantine: str | None = None,
+    *,
+    claim: bool = False,
+    claims: tuple[str, ...] = (),
+) -> Verdict:
+    return Verdict("retry", reason, quarantine=quarantine, claim=claim, claims=claims)
 
 
 def _final(outcome: Outcome, reason: str, quarantine: str | None = None) -> Verdict:
@@ -265,18 +282,23 @@ def judge_run(
         if Effect.SECURITY in found
         else None
     )
-    verdict = _infrastructure("run", output) or _broken("run", output)
+    verdict = _infrastructure("run", output)
+    refused = _token_list(output, Effect.BED_BROKEN, "run")
+    if verdict is None and refused:
+        # A bed-configuration token is the agent's word until the farm's own check of the bed
+        # reproduces it (contract/claims.py): no quarantine here.
+        verdict = _retry(f"run refused: {refused}", claims=tuple(refused.split(", ")))
     if verdict is None and Effect.INFRA in found:
-        verdict = _retry(
-            f"run: adapter could not start: {_token_list(output, Effect.INFRA, 'run')}"
-        )
+        infra = _token_list(output, Effect.INFRA, "run")
+        verdict = _retry(f"run: adapter could not start: {infra}", claims=tuple(infra.split(", ")))
     if verdict is None and attempted is False and Effect.AGENT not in found:
         # Only an adapter that never started may say so; an agent that ran can write it too,
-        # which the engine catches by the site: unchanged means nobody ran.
+        # so the farm's own check decides (contract/claims.py).
         verdict = Verdict(
             "continue",
             f"run.json says the adapter never started (exit {output.exit_code})",
             adapter_not_started=True,
+            claims=(NOT_STARTED,),
         )
     if verdict is None and output.exit_code == 0 and not run_recorded:
         verdict = Verdict("continue", "run: exit 0 but no run record; the live site is graded")
@@ -288,7 +310,8 @@ def judge_run(
         verdict = Verdict("continue", f"agent failed: {reason}", agent_failed=True)
     if verdict is None:
         verdict = _retry(
-            f"run failed before the adapter started (exit {output.exit_code}, no run record)"
+            f"run failed before the adapter started (exit {output.exit_code}, no run record)",
+            claims=(NO_RECORD,),
         )
     if verdict.action == "retry":
         # A token, a missing record, DDEV's start failure, a timeout, even a link that dropped
@@ -301,7 +324,10 @@ def judge_run(
         if tokens_dropped
         else None
     )
-    return with_quarantine(with_quarantine(verdict, security), flood)
+    # Both are the agent's word (it can print the token, or flood token lines, on every run):
+    # the farm cannot check them, so each may take one bed per model an hour, then pauses the
+    # model, never the pool (store/claim_gates.py).
+    return with_unchecked(with_unchecked(verdict, security), flood)
 
 
 def judge_claim(verdict: Verdict, *, site: SiteState, run_seconds: float, window: float) -> Verdict:
@@ -363,6 +389,14 @@ def judge_at_baseline(site: SiteState) -> Verdict:
         return CONTINUE
     reason = f"not at baseline after the reset: {site.evidence}"
     return _retry(reason, quarantine=reason)
+
+
+def with_unchecked(verdict: Verdict, unchecked: str | None) -> Verdict:
+    """The verdict, also asking for a quarantine the farm could not check (claim_gates.py)."""
+    if unchecked is None or unchecked in (verdict.unchecked or ""):
+        return verdict
+    both = unchecked if verdict.unchecked is None else f"{verdict.unchecked}; {unchecked}"
+    return replace(verdict, unchecked=both)
 
 
 def with_quarantine(verdict: Verdict, quarantine: str | None) -> Verdict:

@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from apg_farm.dashboard import actions, api, data
+from apg_farm.dashboard import actions, api, data, evidence
 from apg_farm.dashboard.api import known_ids
 from apg_farm.dashboard.auth import (
     CSRF_COOKIE,
@@ -139,6 +139,7 @@ def _templates() -> Jinja2Templates:
         lstrip_blocks=True,
     )
     env.filters.update({"pct": _pct, "clock": _clock, "usd": usd, "p": _p})
+    env.filters.update({"collapsed": evidence.collapsed, "first_line": evidence.first_line})
     return Jinja2Templates(env=env)
 
 
@@ -307,6 +308,12 @@ def beds_page(request: Request) -> Response:
 def attempt_page(request: Request) -> Response:
     store = dashboard_of(request).store
     detail = data.attempt_detail(store, request.path_params["attempt_id"])
+    for e in detail["executions"]:
+        # Read back from the evidence host (sha256 checked), bounded; the API keeps to the store.
+        e["evidence"] = evidence.execution_evidence(store, e["id"], e["run_id"])
+        e["assertions"] = evidence.assertions(e["envelope"])
+        e["diffs"] = evidence.diff_reports(e["phases"])
+        e["timeline"] = evidence.timeline(e["phases"])
     return render(request, "attempt.html", {"attempt": detail})
 
 

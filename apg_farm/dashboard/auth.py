@@ -1,6 +1,7 @@
 """Who may use the dashboard: the operator's token, a session cookie, and CSRF tokens.
 
-The token comes from APG_FARM_DASHBOARD_TOKEN, or from `$APG_FARM_HOME/dashboard-token` (0600),
+The token comes from APG_FARM_DASHBOARD_TOKEN, or from the file APG_FARM_DASHBOARD_TOKEN_FILE names
+(0600), or from `$APG_FARM_HOME/dashboard-token` (0600),
 generated on first start and never printed (only its path is). The browser never holds the token itself after logging in: the session
 cookie is a random id signed with a key derived from the token (so changing the token ends every
 session), and each form carries a CSRF token derived from a second, per-browser cookie. Every
@@ -21,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apg_farm.errors import BadInput
+from apg_farm.settings import read_secret_file
 
 #: The environment variable that sets the token (wins over the file).
 TOKEN_ENV = "APG_FARM_DASHBOARD_TOKEN"
+#: The environment variable naming a file that holds the token (private to its owner).
+TOKEN_FILE_ENV = "APG_FARM_DASHBOARD_TOKEN_FILE"
 #: The token file under APG_FARM_HOME.
 TOKEN_FILE = "dashboard-token"
 #: Cookie of a logged-in browser: `<session id>.<signature>`.
@@ -50,9 +54,22 @@ class LoadedToken:
 
 
 def load_token(home: Path, environ: dict[str, str] | None = None) -> LoadedToken:
-    """The token from the environment, else the token file, else a new one written 0600."""
+    """The token from the environment (or the file it names), else the token file under `home`,
+    else a new one written 0600."""
     env = os.environ if environ is None else environ
     given = env.get(TOKEN_ENV, "").strip()
+    named = env.get(TOKEN_FILE_ENV, "").strip()
+    if given and named:
+        raise BadInput(
+            f"{TOKEN_ENV} and {TOKEN_FILE_ENV} are both set",
+            field=TOKEN_FILE_ENV,
+            fix="keep one of them",
+        )
+    if named:
+        try:
+            given = read_secret_file(Path(named))
+        except ValueError as error:
+            raise BadInput(str(error), field=TOKEN_FILE_ENV, fix=f"chmod 600 {named}") from None
     if given:
         if len(given) < MIN_TOKEN_LENGTH:
             raise BadInput(
@@ -60,7 +77,7 @@ def load_token(home: Path, environ: dict[str, str] | None = None) -> LoadedToken
                 field=TOKEN_ENV,
                 fix="use e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
             )
-        return LoadedToken(given, f"${TOKEN_ENV}")
+        return LoadedToken(given, named or f"${TOKEN_ENV}")
     path = home / TOKEN_FILE
     if path.exists():
         mode = stat.S_IMODE(path.stat().st_mode)

@@ -29,9 +29,11 @@ from inspect_ai.log import (
 )
 from inspect_ai.model import ModelUsage
 from inspect_ai.scorer import Score
+from inspect_ai.viewer import ViewerConfig
 from sqlalchemy import select
 
 from apg_farm.contract import Outcome
+from apg_farm.inspect.samples import SampleEvidence, phase_events, sample_evidence, utc
 from apg_farm.inspect.scorer import SCORED
 from apg_farm.results import model_slug
 from apg_farm.specs import SweepSpec
@@ -61,15 +63,25 @@ def write_inspect_logs(store: Store, sweep: Sweep, directory: Path) -> Written:
         last: dict[int, tuple[Attempt, Execution]] = {}
         for attempt, execution in rows:
             last[attempt.id] = (attempt, execution)  # the execution that ended the attempt
-        phases: dict[int, dict[str, float]] = defaultdict(dict)
-        for execution_id, name, duration in session.execute(
-            select(Phase.execution_id, Phase.name, Phase.duration).where(
-                Phase.execution_id.in_([e.id for _, e in last.values()])
-            )
-        ):
-            phases[execution_id][name] = phases[execution_id].get(name, 0.0) + duration
         for attempt, execution in last.values():
-            by_model[attempt.model].append(_sample(attempt, execution, beds, phases[execution.id]))
+            # One execution's phases at a time: their output is bounded, but a sweep is large.
+            ran = list(
+                session.scalars(
+                    select(Phase).where(Phase.execution_id == execution.id).order_by(Phase.id)
+                )
+            )
+            seconds: dict[str, float] = {}
+            for phase in ran:
+                seconds[phase.name] = seconds.get(phase.name, 0.0) + phase.duration
+            evidence = sample_evidence(
+                store,
+                execution.id,
+                execution.run_id,
+                phase_events(ran, execution.started_at),
+            )
+            for phase in ran:
+                session.expunge(phase)  # its output is in the events now
+            by_model[attempt.model].append(_sample(attempt, execution, beds, seconds, evidence))
     directory.mkdir(parents=True, exist_ok=True)
     written = Written()
     for model, samples in sorted(by_model.items()):
@@ -82,7 +94,11 @@ def write_inspect_logs(store: Store, sweep: Sweep, directory: Path) -> Written:
 
 
 def _sample(
-    attempt: Attempt, execution: Execution, beds: dict[int, str], phases: dict[str, float]
+    attempt: Attempt,
+    execution: Execution,
+    beds: dict[int, str],
+    phases: dict[str, float],
+    evidence: SampleEvidence,
 ) -> EvalSample:
     outcome = Outcome(attempt.outcome) if attempt.outcome else Outcome.ERROR
     metadata: dict[str, Any] = {
@@ -94,6 +110,7 @@ def _sample(
         "apg_envelope_sha256": execution.envelope_sha256,
         "apg_phase_seconds": {k: round(v, 3) for k, v in sorted(phases.items())},
         "apg_cost_usd": execution.cost_usd,
+        **evidence.metadata,
     }
     value = SCORED.get(outcome)
     scores = None
@@ -123,13 +140,19 @@ def _sample(
     return EvalSample(
         id=attempt.task,
         epoch=attempt.trial,
-        input=f"APG task {attempt.task}",
+        # The task's prompt as the agent got it (prompt.txt), else the task's id.
+        input=evidence.prompt if evidence.prompt is not None else f"APG task {attempt.task}",
         target="",
+        messages=evidence.messages,
+        events=evidence.events,
         scores=scores,
         error=error,
         metadata=metadata,
         model_usage=usage or {},
+        # The execution's real time on its bed, from the farm's clock.
         total_time=(finished - started).total_seconds() if finished and started else None,
+        started_at=utc(started).isoformat() if started else None,
+        completed_at=utc(finished).isoformat() if finished else None,
     )
 
 
@@ -149,6 +172,9 @@ def _log(sweep: Sweep, spec: SweepSpec, model: str, samples: list[EvalSample]) -
             model=model,
             config=EvalConfig(epochs=spec.trials),
             metadata={"apg_sweep": sweep.name, "apg_spec_sha256": sweep.spec_sha256},
+            # Everything in a sample came from the bed (the agent wrote its transcript): the
+            # viewer shows it as plain text, no markdown, links or media fetched from elsewhere.
+            viewer=ViewerConfig(trust_content=False),
         ),
         results=EvalResults(
             total_samples=len(samples),
@@ -161,7 +187,11 @@ def _log(sweep: Sweep, spec: SweepSpec, model: str, samples: list[EvalSample]) -
                 )
             ],
         ),
-        stats=EvalStats(started_at=created, completed_at=created),
+        # The sweep's real span: from its creation to the last of these samples' ends.
+        stats=EvalStats(
+            started_at=created,
+            completed_at=max((s.completed_at for s in samples if s.completed_at), default=created),
+        ),
         samples=samples,
     )
 

@@ -3,7 +3,8 @@
 `stats` holds the statistics (Wilson, pass@k, McNemar, Newcombe, Holm); `report` and `analysis`
 compute a sweep's figures (`costs` what they cost), which `csv_report`, `html_report` (with
 `cost_plot`) and `watch` present; `comparison`, `baseline` and `regression` set one result against
-another; `listing` is the sweeps list with each sweep's figures; `sealing` and `export` make
+another; `dataset_hashes` names the attempts of a task graded against more than one dataset or task hash;
+`listing` is the sweeps list with each sweep's figures; `sealing` and `export` make
 evidence others can check; `power` plans the trials a paired comparison needs. Imports store and
 contract.
 """
@@ -27,6 +28,7 @@ from apg_farm.results.clustered import MIN_TASKS
 from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
+from apg_farm.results.dataset_hashes import dataset_hash_lines
 from apg_farm.results.export import export_eee, model_slug
 from apg_farm.results.html_report import (
     cost_section,
@@ -84,6 +86,14 @@ from apg_farm.results.stats import (
     wilson,
 )
 from apg_farm.results.stop_report import NOT_VALID, add_stop, stop_lines, stop_section, stop_summary
+from apg_farm.results.transcript import (
+    Block,
+    Clipped,
+    Message,
+    Transcript,
+    clip,
+    parse_transcript,
+)
 from apg_farm.results.watch import render_watch, watch_snapshot
 from apg_farm.store import SealedSweep, refuse_if_sealed
 
@@ -97,16 +107,20 @@ __all__ = [
     "NOT_VALID",
     "STATES",
     "SWEEPS_PAGE",
+    "Block",
     "CheckPolicy",
     "CheckVerdict",
+    "Clipped",
     "CostFindings",
     "CostPoint",
     "LoadedBaseline",
+    "Message",
     "Paired",
     "Rate",
     "SealedSweep",
     "Side",
     "SweepPage",
+    "Transcript",
     "add_stop",
     "analyse",
     "artifacts",
@@ -117,10 +131,12 @@ __all__ = [
     "check_before",
     "check_regression",
     "check_state",
+    "clip",
     "compare",
     "cost_findings",
     "cost_points",
     "cost_section",
+    "dataset_hash_lines",
     "export_eee",
     "find_sweep",
     "forest_plot",
@@ -139,6 +155,7 @@ __all__ = [
     "parse_cost_increase",
     "parse_indispensable",
     "parse_rerun_share",
+    "parse_transcript",
     "pass_at_k",
     "pass_hat_k",
     "quantile",

@@ -20,13 +20,14 @@ from sqlalchemy.orm import Session
 from apg_farm import __version__
 from apg_farm.contract import FINGERPRINTS, PROVENANCE_LIBRARY, Outcome, envelope_provenance
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
-from apg_farm.results import queries
+from apg_farm.results import queries, second_chance
 from apg_farm.results.bed_baselines import add_bed_baselines
 from apg_farm.results.clustered import Clustered, clustered_sums, two_sided_p
 from apg_farm.results.clustered import as_dict as clustered_dict
 from apg_farm.results.costs import add_costs
+from apg_farm.results.dataset_hashes import add_dataset_hashes
+from apg_farm.results.headline import final_figures, headline_counts, rate_figures
 from apg_farm.results.report import CELL_COUNTS, report_from_cells, untrusted_beds
-from apg_farm.results.second_chance import add_second_chance
 from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
 from apg_farm.results.stop_report import add_stop
 from apg_farm.store import Bed, BedEvent, Store, Sweep
@@ -73,7 +74,9 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 
 def model_rows(cells: list[dict[str, Any]], models: list[str]) -> list[dict[str, Any]]:
-    """Per model, pooled over its tasks; pass@k and pass^k are the mean over tasks that have them."""
+    """Per model, pooled over its tasks: the headline (headline.py) with its naive and
+    task-clustered intervals, the final rate labelled; pass@k and pass^k are the mean over tasks
+    that have them."""
     rows = []
     for model in models:
         mine = [c for c in cells if c["model"] == model]
@@ -82,16 +85,16 @@ def model_rows(cells: list[dict[str, Any]], models: list[str]) -> list[dict[str,
         row: dict[str, Any] = {"model": model, "tasks": len(mine)}
         for key in ("n", *CELL_COUNTS.values(), "pending", "cancelled"):
             row[key] = sum(c.get(key, 0) for c in mine)
-        low, high = wilson(row["passed"], row["n"])
+        counts = [headline_counts(c) for c in mine]
+        passed, n = sum(p for p, _ in counts), sum(m for _, m in counts)
         row.update(
             {
-                "pass_rate": row["passed"] / row["n"] if row["n"] else None,
-                "ci_low": low if row["n"] else None,
-                "ci_high": high if row["n"] else None,
+                **rate_figures(passed, n),
                 "pass_at_k": _mean(c.get("pass_at_k") for c in mine),
                 "pass_hat_k": _mean(c.get("pass_hat_k") for c in mine),
-                # Tasks as clusters: the interval the pooled rate has when tasks differ.
-                "clustered": clustered_dict(clustered_sums([(c["passed"], c["n"]) for c in mine])),
+                # Tasks as clusters: the interval the pooled headline has when tasks differ.
+                "clustered": clustered_dict(clustered_sums(counts)),
+                **final_figures(row["passed"], row["n"]),
             }
         )
         rows.append(row)
@@ -287,19 +290,26 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
         names = {bed_id: name for bed_id, name in session.execute(select(Bed.id, Bed.name))}
         # Its own query: the few untrusted verify phases, found before any join.
         report = report_from_cells(sweep, tally.cells, untrusted_beds(session, sweep.id))
+        # Re-runs after the agent started: the headline's counts and the lower bound.
+        rerun_tallies = second_chance.tallies(session, sweep.id)
         _read_provenance(session, sweep.id, names, provenance)
         beds = _beds(session, sweep, names, provenance.bed_prints)
     cells = report["cells"]
+    second_chance.add_to_cells(report, rerun_tallies)
     for cell in cells:
-        cell.update({key: value for key, value in _rate_cell(cell["passed"], cell["n"], k).items()})
+        # The headline leads (pass_rate, its interval, pass@k); the final rate is labelled.
+        cell.update(_rate_cell(cell["headline_passed"], cell["headline_n"], k))
+        cell.update(final_figures(cell["passed"], cell["n"]))
     models = [m for m in spec.get("models", []) if any(c["model"] == m for c in cells)]
     models += sorted({c["model"] for c in cells} - set(models))
     comparisons = _comparisons(tally, models)
+    model_list = model_rows(cells, models)
+    second_chance.add_to_models({"cells": cells, "models": model_list}, rerun_tallies)
 
     report.update(
         {
             "k": k,
-            "models": model_rows(cells, models),
+            "models": model_list,
             "comparisons": comparisons,
             "phases": phases,
             "beds": beds,
@@ -326,10 +336,10 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
     with store.read() as session:
         queries.tune(session)
         add_costs(session, sweep.id, report)
-        # Re-runs after the agent started, and the pass rate with them counted as failures.
-        add_second_chance(session, sweep.id, report)
         # The bed baselines (code versions) its executions ran on: more than one says so.
         add_bed_baselines(session, sweep.id, report)
+        # A task graded against more than one dataset or task hash: each hash and its attempts.
+        add_dataset_hashes(session, sweep.id, report)
     report["sweep"].update(
         {
             "trials": trials,

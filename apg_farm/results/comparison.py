@@ -9,6 +9,12 @@ their difficulty shared by both sides. Each side also carries its **cost per
 execution** (total cost ÷ priced executions), per model pooled over the tasks both sides ran and
 both priced, for `--max-cost-increase`, and its second-chance figures (re-runs after the agent
 started, the lower-bound pass rate; `second_chance`).
+
+The rates compared are the **headlines** (headline.py: an attempt with a re-run the agent could
+have bought counts as not passed), so a model that games its retries gains nothing here or in
+`check`; each side also carries its rate over final outcomes, labelled `final_rate` ("with
+re-runs"). A baseline promoted before the headline existed has only final outcomes: its rate is
+that one, and `headline_unknown` names the side.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from apg_farm.results.analysis import analyse
 from apg_farm.results.baseline import load_baseline
 from apg_farm.results.clustered import as_dict as clustered_dict
 from apg_farm.results.clustered import clustered_difference
+from apg_farm.results.headline import headline_counts, headline_known
 from apg_farm.results.report import find_sweep
 from apg_farm.results.sealing import verify_seal
 from apg_farm.results.stats import newcombe_unpaired, wilson
@@ -77,6 +84,23 @@ def _rate(passed: int, n: int) -> dict[str, Any]:
     }
 
 
+def _final(passed: int, n: int) -> dict[str, Any]:
+    """The rate over final outcomes, re-runs counted as second chances: labelled, never gated."""
+    return {"final_n": n, "final_passed": passed, "final_rate": passed / n if n else None}
+
+
+def _side(cell: dict[str, Any]) -> dict[str, Any]:
+    """One side of a (task, model): the headline with its interval, the final rate, counts."""
+    return {
+        **_rate(*headline_counts(cell)),
+        **_final(cell["passed"], cell["n"]),
+        "invalid": cell["invalid"],
+        "error": cell["error"],
+        **_cost([cell]),
+        **_second_chance([cell]),
+    }
+
+
 def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     diff = newcombe_unpaired(b["passed"], b["n"], a["passed"], a["n"])
     return {"diff": diff.estimate, "diff_low": diff.low, "diff_high": diff.high}
@@ -122,6 +146,10 @@ def _second_chance(cells: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _headline_known(summary: dict[str, Any]) -> bool:
+    return all(headline_known(cell) for cell in summary.get("cells", []))
+
+
 def _fingerprints(summary: dict[str, Any], key: str) -> list[str]:
     return sorted(summary.get("provenance", {}).get("fingerprints", {}).get(key, {}))
 
@@ -132,34 +160,19 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     cells_b = {(c["task"], c["model"]): c for c in b["cells"]}
     cells = []
     for key in [k for k in cells_a if k in cells_b]:
-        ca, cb = cells_a[key], cells_b[key]
-        ra, rb = _rate(ca["passed"], ca["n"]), _rate(cb["passed"], cb["n"])
-        cells.append(
-            {
-                "task": key[0],
-                "model": key[1],
-                "a": {
-                    **ra,
-                    "invalid": ca["invalid"],
-                    "error": ca["error"],
-                    **_cost([ca]),
-                    **_second_chance([ca]),
-                },
-                "b": {
-                    **rb,
-                    "invalid": cb["invalid"],
-                    "error": cb["error"],
-                    **_cost([cb]),
-                    **_second_chance([cb]),
-                },
-                **_diff(ra, rb),
-            }
-        )
+        ra, rb = _side(cells_a[key]), _side(cells_b[key])
+        cells.append({"task": key[0], "model": key[1], "a": ra, "b": rb, **_diff(ra, rb)})
     models = []
     for model in dict.fromkeys(c["model"] for c in cells):
         mine = [c for c in cells if c["model"] == model]
         pooled = {
-            side: _rate(sum(c[side]["passed"] for c in mine), sum(c[side]["n"] for c in mine))
+            side: {
+                **_rate(sum(c[side]["passed"] for c in mine), sum(c[side]["n"] for c in mine)),
+                **_final(
+                    sum(c[side]["final_passed"] for c in mine),
+                    sum(c[side]["final_n"] for c in mine),
+                ),
+            }
             for side in ("a", "b")
         }
         # Cost only over the cells both sides priced: a cell priced on one side would compare
@@ -200,6 +213,11 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "only_in_b": [f"{t} {m}" for (t, m) in cells_b if (t, m) not in cells_a],
         "outcomes": {"a": a.get("outcomes", {}), "b": b.get("outcomes", {})},
         "provenance_changes": changes,
+        # Sides whose cells lack the headline counts (a baseline promoted before them): their
+        # rate is the one over final outcomes.
+        "headline_unknown": [
+            side for side, summary in (("a", a), ("b", b)) if not _headline_known(summary)
+        ],
         # Each side's stopping rule (`stop:`) and decision, None without one: a side that
         # stopped early has fixed-n figures not valid under optional stopping.
         "stop": {"a": a.get("stop"), "b": b.get("stop")},

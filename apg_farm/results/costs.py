@@ -1,8 +1,8 @@
 """What a sweep cost: per (task, model) and per model, from the executions' adapter records.
 
 Every execution's cost counts, retries and errors included: the provider was paid for them.
-**Cost per pass** is the total cost over the passes; its interval divides the same total by the
-pass count at the Wilson bounds of the pass rate (n × ci_high, n × ci_low), so it is as wide as the
+**Cost per pass** is the total cost over the headline's passes (headline.py); its interval divides
+the same total by the pass count at the Wilson bounds of the headline (n × ci_high, n × ci_low), so it is as wide as the
 pass rate is uncertain, and open-ended (None) while the lower bound is 0. The figures come from a
 file the bed wrote (`claude.json`): reports say what is known, never a verdict.
 """
@@ -15,6 +15,7 @@ from sqlalchemy import func
 from sqlalchemy.orm import Session
 
 from apg_farm.results import queries
+from apg_farm.results.headline import headline_counts
 from apg_farm.store import Attempt, Execution
 
 #: The token counts kept per execution, as report keys.
@@ -108,7 +109,10 @@ def _figures(
             "cost_per_pass_high": None,
             "tokens": None,
         }
-    total, n, passed = found["cost"], rates.get("n", 0), rates.get("passed", 0)
+    # The headline's passes and interval (headline.py): a pass the agent bought a re-run for
+    # is no pass here either.
+    total = found["cost"]
+    passed, n = headline_counts(rates) if "n" in rates else (0, 0)
     low, high = rates.get("ci_low"), rates.get("ci_high")
     return {
         "cost_usd": round(total, 6),

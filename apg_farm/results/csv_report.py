@@ -18,9 +18,13 @@ CSV_COLUMNS = (
     *CELL_COUNTS.values(),
     "pending",
     "cancelled",
+    # The headline (docs/analysis.md, "Second-chance bias"), then the rate with re-runs.
     "pass_rate",
     "ci_low",
     "ci_high",
+    "final_rate",
+    "final_ci_low",
+    "final_ci_high",
     "k",
     "pass_at_k",
     "pass_hat_k",

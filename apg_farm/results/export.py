@@ -3,7 +3,9 @@
 Layout under the chosen folder:
 
     attempts/<task>/<model>/trial-<n>.json    the envelope bytes the farm captured, unchanged
-    aggregates/<task>/<model>.json            pass rate with its Wilson interval (0.2.2 schema)
+    aggregates/<task>/<model>.json            the headline pass rate (results/headline.py) with its
+                                              Wilson interval (0.2.2 schema); the rate with
+                                              re-runs and the lower bound in its details
 
 `<model>` is the model id with `/` written as `__`. Every file validates against the bundled
 every_eval_ever 0.2.2 schema (the official one, byte for byte).
@@ -22,6 +24,7 @@ from sqlalchemy import select
 from apg_farm import __version__
 from apg_farm.contract import SCHEMA_VERSION, schema_validator
 from apg_farm.results.analysis import GRADED, analyse
+from apg_farm.results.headline import headline_counts
 from apg_farm.store import Attempt, Execution, Store, Sweep, utcnow
 
 #: Envelopes read per transaction.
@@ -62,8 +65,9 @@ def _single(values: dict[str, int] | None) -> str | None:
 def aggregate_envelope(
     sweep: Sweep, cell: dict[str, Any], analysis: dict[str, Any], *, now_epoch: int
 ) -> dict[str, Any]:
-    """One every_eval_ever envelope whose score is the cell's pass rate."""
-    task, model, n, passed = cell["task"], cell["model"], cell["n"], cell["passed"]
+    """One every_eval_ever envelope whose score is the cell's headline pass rate."""
+    task, model = cell["task"], cell["model"]
+    passed, n = headline_counts(cell)
     rate = passed / n
     provenance = analysis["provenance"]
     prints = provenance.get("fingerprints", {})
@@ -93,6 +97,17 @@ def aggregate_envelope(
         key: str(cell[key])
         for key in ("passed", "failed", "no_attempt", "tampered", "skipped", "invalid", "error")
     }
+    # Beside the score, labelled: the rate over final outcomes (re-runs counted as second
+    # chances) and the lower bound (every re-run after the agent started counted as a failure).
+    counts.update(
+        {
+            "headline_passed": str(passed),
+            "headline_n": str(n),
+            "final_rate_with_reruns": str(cell.get("final_rate")),
+            "lower_bound_rate": str(cell.get("lower_bound_rate")),
+            "second_chance_attempts": str(cell.get("second_chance_attempts")),
+        }
+    )
     return {
         "schema_version": SCHEMA_VERSION,
         "evaluation_id": f"apg_farm/{sweep.name}/{task}/{model}/{now_epoch}",
@@ -121,8 +136,11 @@ def aggregate_envelope(
                 },
                 "metric_config": {
                     "evaluation_description": (
-                        "share of counted attempts (PASSED, FAILED, NO_ATTEMPT, TAMPERED) that "
-                        "passed; INVALID, ERROR and SKIPPED are outside the denominator"
+                        "headline pass rate: share of counted attempts (PASSED, FAILED, "
+                        "NO_ATTEMPT, TAMPERED) that passed, an attempt re-run after its agent "
+                        "started for a reason the agent could have written counted as not "
+                        "passed (and in the denominator when it ended ERROR or INVALID); other "
+                        "INVALID, ERROR and SKIPPED attempts are outside the denominator"
                     ),
                     "metric_id": METRIC_ID,
                     "metric_name": "pass rate",
@@ -204,7 +222,7 @@ def export_eee(store: Store, sweep: Sweep, directory: Path) -> Exported:
     analysis = analyse(store, sweep)
     now_epoch = int(utcnow().timestamp())
     for cell in analysis["cells"]:
-        if not cell["n"]:
+        if not headline_counts(cell)[1]:
             result.skipped.append(
                 f"aggregate {cell['task']} {cell['model']}: no counted attempt, no pass rate"
             )

@@ -13,6 +13,7 @@ from typing import Any
 
 from apg_farm.results.clustered import MIN_TASKS
 from apg_farm.results.cost_plot import cost_per_execution, cost_plot_svg, cost_points, usd
+from apg_farm.results.dataset_hashes import dataset_hash_lines
 from apg_farm.results.stop_report import stop_section
 
 #: One colour per model, in the sweep's model order (colour-blind-safe Okabe-Ito palette).
@@ -186,15 +187,40 @@ def _cost_cells(row: dict[str, Any]) -> str:
     )
 
 
+#: What the pass rate every table leads with is, said where it is shown.
+HEADLINE_NOTE = (
+    "Pass rate: the headline, an attempt re-run after its agent started for a reason the agent "
+    "could have written counted as not passed (ERROR and INVALID ones added to n); with re-runs: "
+    "over final outcomes, re-runs counted as second chances; lower bound: every re-run after the "
+    "agent started counted as a failure."
+)
+
+_BESIDE_HEADERS = ["with re-runs", "lower bound"]
+
+
+def _beside(row: dict[str, Any]) -> str:
+    """The labelled figures beside the headline: the rate with re-runs, and the lower bound."""
+    low = row.get("lower_bound_rate")
+    return _cell(_pct(row.get("final_rate"), 1)) + _cell(
+        _pct(low, 1), warn=low is not None and low != row.get("pass_rate")
+    )
+
+
 def _kinds(row: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in (row.get("reruns_by_kind") or {}).items()) or "—"
 
 
 def _rerun_cells(row: dict[str, Any]) -> str:
-    """Second-chance columns of one cell or model row: re-runs, then both rates side by side."""
-    reported = (
+    """Second-chance columns of one cell or model row: re-runs, then the rates side by side."""
+    headline = (
         f"{_pct(row.get('pass_rate'))} [{_pct(row.get('ci_low'))}–{_pct(row.get('ci_high'))}]"
         if row.get("pass_rate") is not None
+        else "—"
+    )
+    final = (
+        f"{_pct(row.get('final_rate'))} [{_pct(row.get('final_ci_low'))}–"
+        f"{_pct(row.get('final_ci_high'))}]"
+        if row.get("final_rate") is not None
         else "—"
     )
     low = row.get("lower_bound_rate")
@@ -207,11 +233,14 @@ def _rerun_cells(row: dict[str, Any]) -> str:
     return (
         _cell(row.get("started_attempts", 0))
         + _cell(row.get("rerun_attempts", 0), warn=bool(row.get("rerun_attempts")))
+        + _cell(row.get("second_chance_attempts", 0), warn=bool(row.get("second_chance_attempts")))
         + _cell(row.get("reruns", 0))
         + _cell(_kinds(row), left=True)
         + _cell(_pct(row.get("rerun_share")))
+        + _cell(f"{row.get('headline_passed', 0)}/{row.get('headline_n', 0)}")
+        + _cell(headline)
         + _cell(f"{row.get('passed', 0)}/{row.get('n', 0)}")
-        + _cell(reported)
+        + _cell(final)
         + _cell(f"{row.get('lower_bound_passed', 0)}/{row.get('lower_bound_n', 0)}")
         + _cell(bound, warn=low is not None and low != row.get("pass_rate"))
     )
@@ -220,11 +249,14 @@ def _rerun_cells(row: dict[str, Any]) -> str:
 _RERUN_HEADERS = [
     "attempts started",
     "with a re-run",
+    "with a re-run the agent could have bought",
     "re-runs",
     "kinds",
     "re-run share",
-    "passed / n",
-    "reported rate [95% CI]",
+    "headline passed / n",
+    "headline [95% CI]",
+    "with re-runs passed / n",
+    "with re-runs [95% CI]",
     "lower bound passed / n",
     "lower bound [95% CI]",
 ]
@@ -239,7 +271,8 @@ def second_chance_section(report: dict[str, Any]) -> str:
         f"{totals.get('started_attempts', 0)} attempts that reached the run phase were run again "
         f"after their agent started (re-run share {_pct(share, 1)}); "
         f"{totals.get('reruns', 0)} such re-runs ({escape(_kinds(totals))}). Pass rate "
-        f"{_pct(totals.get('pass_rate'), 1)}, lower bound {_pct(totals.get('lower_bound_rate'), 1)}"
+        f"{_pct(totals.get('pass_rate'), 1)} (headline), with re-runs "
+        f"{_pct(totals.get('final_rate'), 1)}, lower bound {_pct(totals.get('lower_bound_rate'), 1)}"
         f" [{_pct(totals.get('lower_bound_ci_low'), 1)}–"
         f"{_pct(totals.get('lower_bound_ci_high'), 1)}].</p>"
     )
@@ -250,8 +283,12 @@ def second_chance_section(report: dict[str, Any]) -> str:
     ]
     caption = (
         "A re-run after the agent started is an execution whose run phase began and whose result "
-        "is RETRY or LOST: the agent may have bought that second chance. The lower bound counts "
-        "every attempt with one as a failure, ERROR and INVALID ones added to n."
+        "is RETRY or LOST. When its reason rests on what the agent could write (a start claim, "
+        "provider trouble, a timeout, a grade that could not run, other) the agent may have "
+        "bought it: the headline counts its attempt as not passed. A lost lease, a farm error, a "
+        "failed link after the run or a claim the farm reproduced cost the model nothing. The "
+        "lower bound counts every attempt with a re-run as a failure; both add ERROR and "
+        "INVALID ones to n."
     )
     return f"""{summary}
 {_table("second-chance-models-table", ["model", *_RERUN_HEADERS], model_rows, caption=caption)}
@@ -319,6 +356,37 @@ def _clustered(row: dict[str, Any]) -> str:
     return _cell("—")
 
 
+def dataset_hash_section(report: dict[str, Any]) -> str:
+    """Each task graded against more than one dataset or task hash: the hashes and the attempts
+    behind each (results/dataset_hashes.py), so a person knows which to look at."""
+    found = report.get("dataset_hashes") or {}
+    if not found.get("tasks"):
+        return ""
+    rows = []
+    for entry in found["tasks"]:
+        for item in entry["hashes"]:
+            attempts = ", ".join(
+                f"{a['attempt']} ({a['model']} trial {a['trial']} try {a['try']}, {a['bed']}: "
+                f"{a['result']})"
+                for a in item["attempts"]
+            )
+            more = item["executions"] - len(item["attempts"])
+            if more > 0:
+                attempts += f" (+{more} more)"
+            rows.append(
+                _cell(entry["task"], left=True)
+                + _cell(entry["field"], left=True)
+                + f'<td class="l"><code>{escape(item["sha256"])}</code></td>'
+                + _cell(str(item["executions"]))
+                + f'<td class="l">{escape(attempts)}</td>'
+            )
+    lines = "".join(f'<p class="bad">{escape(line)}</p>' for line in dataset_hash_lines(report))
+    table = _table(
+        "dataset-hashes-table", ["task", "field", "sha256", "grades", "attempts"], rows, left=2
+    )
+    return f'<div id="dataset-hashes">{lines}{table}</div>'
+
+
 def render_html(report: dict[str, Any]) -> str:
     """The whole report as one HTML document."""
     sweep, prov, k = report["sweep"], report.get("provenance", {}), report.get("k", 1)
@@ -339,6 +407,7 @@ def render_html(report: dict[str, Any]) -> str:
         + _cell(c["n"])
         + _cell(_pct(c["pass_rate"], 1))
         + _cell(f"{_pct(c['ci_low'], 1)} – {_pct(c['ci_high'], 1)}" if c["n"] else "—")
+        + _beside(c)
         + _cell(_pct(c.get("pass_at_k"), 1))
         + _cell(_pct(c.get("pass_hat_k"), 1))
         + _counts(c)
@@ -351,6 +420,7 @@ def render_html(report: dict[str, Any]) -> str:
         + _cell(_pct(m["pass_rate"], 1))
         + _cell(f"{_pct(m['ci_low'], 1)} – {_pct(m['ci_high'], 1)}" if m["n"] else "—")
         + _clustered(m)
+        + _beside(m)
         + _cell(_pct(m.get("pass_at_k"), 1))
         + _cell(_pct(m.get("pass_hat_k"), 1))
         + _counts(m)
@@ -444,17 +514,17 @@ def render_html(report: dict[str, Any]) -> str:
 <h2>Pass rates</h2>
 <p>{legend}</p>
 {forest_plot(report)}
-<p class="caption">Dots are pass rates, bars their 95% Wilson intervals; diamonds pool each model over
+<p class="caption">Dots are headline pass rates, bars their 95% Wilson intervals; diamonds pool each model over
 its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairwise table below tests it.</p>
 
 <h2>Outcomes</h2>
 {_table("outcomes-table", ["outcome", "attempts"], outcome_rows)}
 
 <h2>Results per task and model</h2>
-{_table("cells-table", ["task", "model", "n", "pass rate", "95% CI", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], cell_rows, left=2, caption=f"pass@{k}: chance that at least one of {k} trials passes; pass^{k}: chance that all {k} pass (unbiased estimators over the trials; — when fewer than {k} were counted).")}
+{_table("cells-table", ["task", "model", "n", "pass rate", "95% CI", *_BESIDE_HEADERS, f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], cell_rows, left=2, caption=f"{HEADLINE_NOTE} pass@{k}: chance that at least one of {k} trials passes; pass^{k}: chance that all {k} pass (unbiased estimators over the trials; — when fewer than {k} were counted).")}
 
 <h2>Per model</h2>
-{_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)", f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"Pooled over tasks; pass@{k} and pass^{k} are means over tasks. The naive interval (Wilson) takes every attempt as independent; the task-clustered one (CR2, tasks as clusters, t on tasks − 1 df) allows for tasks that differ in difficulty, and is given from {MIN_TASKS} tasks on: read it.")}
+{_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)", *_BESIDE_HEADERS, f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"{HEADLINE_NOTE} Pooled over tasks; pass@{k} and pass^{k} are means over tasks. The naive interval (Wilson) takes every attempt as independent; the task-clustered one (CR2, tasks as clusters, t on tasks − 1 df) allows for tasks that differ in difficulty, and is given from {MIN_TASKS} tasks on: read it.")}
 
 <h2>Second-chance bias</h2>
 {second_chance_section(report)}
@@ -463,7 +533,7 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 {cost_section(report)}
 
 <h2>Pairwise comparison</h2>
-{_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "95% CI (task-clustered)", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have a counted outcome for. The first interval is Newcombe's for paired proportions, every pair independent; the task-clustered one takes the tasks as clusters; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}
+{_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "95% CI (task-clustered)", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have a counted outcome for, on their final outcomes (with re-runs, not the headline). The first interval is Newcombe's for paired proportions, every pair independent; the task-clustered one takes the tasks as clusters; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}
 {stop_section(report)}
 
 <h2>Phase durations (seconds)</h2>
@@ -474,6 +544,7 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 
 <h2>Provenance</h2>
 {warnings}
+{dataset_hash_section(report)}
 {_table("provenance-table", ["item", "value"], prov_rows, left=2)}
 </body></html>
 """

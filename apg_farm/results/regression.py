@@ -2,7 +2,8 @@
 
 The candidate fails when its evidence does not verify, when it is unfinished, when it has more
 INVALID or ERROR attempts than allowed, when a (task, model) of the baseline was not evaluated,
-when a model's pass rate (pooled over the tasks both ran) drops by more than the tolerance, when
+when a model's pass rate (the headline, headline.py, pooled over the tasks both ran) drops by more
+than the tolerance, when
 one (task, model) drops by more than the tolerance with a 95 % interval that excludes no change,
 or when an indispensable task newly fails; with a cost tolerance, also when a model's cost per
 execution rises by more than it (`cost_findings`, shared with `compare`); with a re-run tolerance,
@@ -19,6 +20,7 @@ from typing import Any
 from apg_farm.errors import BadInput
 from apg_farm.results.comparison import Side, compare
 from apg_farm.results.cost_plot import usd
+from apg_farm.results.headline import FINAL_LABEL, headline_counts
 
 #: Rates are compared with this slack so 0.05 means 5 points, not 5 points plus float noise.
 _EPS = 1e-9
@@ -172,6 +174,12 @@ def cost_findings(
     return found
 
 
+def _with_reruns(row: dict[str, Any]) -> str:
+    """The final-outcome rates beside the headline, labelled: shown, never gated on."""
+    a, b = row["a"].get("final_rate"), row["b"].get("final_rate")
+    return f"; {FINAL_LABEL} {_pct(a)} -> {_pct(b)}"
+
+
 def _model_drop(row: dict[str, Any], policy: CheckPolicy) -> tuple[bool, str]:
     """Whether a model's drop beyond the tolerance fails the check, and its line.
 
@@ -181,8 +189,8 @@ def _model_drop(row: dict[str, Any], policy: CheckPolicy) -> tuple[bool, str]:
     Newcombe's fixed-n interval); `--plain-tolerance` counts every drop beyond the tolerance."""
     clustered = row.get("clustered") or {}
     text = (
-        f"model {row['model']}: pass rate {_pct(row['a']['rate'])} (n={row['a']['n']}) -> "
-        f"{_pct(row['b']['rate'])} (n={row['b']['n']}), {_pts(row['diff'])} "
+        f"model {row['model']}: headline pass rate {_pct(row['a']['rate'])} "
+        f"(n={row['a']['n']}) -> {_pct(row['b']['rate'])} (n={row['b']['n']}), {_pts(row['diff'])} "
         f"(95% CI {_pts(row['diff_low'])} to {_pts(row['diff_high'])}"
     )
     if "high" in clustered:
@@ -190,7 +198,7 @@ def _model_drop(row: dict[str, Any], policy: CheckPolicy) -> tuple[bool, str]:
             f"; task-clustered over {clustered['tasks']} tasks {_pts(clustered['low'])} to "
             f"{_pts(clustered['high'])}"
         )
-    text += f"), tolerance {policy.max_rate_drop * 100:.1f} pts"
+    text += f"){_with_reruns(row)}, tolerance {policy.max_rate_drop * 100:.1f} pts"
     if policy.plain_tolerance:
         return True, text
     if "high" in clustered:
@@ -208,7 +216,10 @@ def _model_drop(row: dict[str, Any], policy: CheckPolicy) -> tuple[bool, str]:
 
 
 def _gate_holds(cell: dict[str, Any] | None, floor: float) -> bool:
-    return bool(cell and cell["n"] and cell["passed"] / cell["n"] >= floor - _EPS)
+    if not cell:
+        return False
+    passed, n = headline_counts(cell)
+    return bool(n and passed / n >= floor - _EPS)
 
 
 def check_regression(
@@ -267,9 +278,10 @@ def check_regression(
         if drop is None or -drop <= tolerance + _EPS:
             continue
         text = (
-            f"{row['task']} {row['model']}: pass rate {_pct(row['a']['rate'])} "
+            f"{row['task']} {row['model']}: headline pass rate {_pct(row['a']['rate'])} "
             f"(n={row['a']['n']}) -> {_pct(row['b']['rate'])} (n={row['b']['n']}), "
             f"{_pts(drop)} (95% CI {_pts(row['diff_low'])} to {_pts(row['diff_high'])})"
+            f"{_with_reruns(row)}"
         )
         if row["diff_high"] < 0:
             fail(text)
@@ -285,10 +297,12 @@ def check_regression(
             now = cand_cells.get((task, model))
             if _gate_holds(now, floor):
                 continue
-            rate = f"{_pct(now['passed'] / now['n'])} of {now['n']}" if now and now["n"] else "none"
+            counts = headline_counts(now) if now else (0, 0)
+            rate = f"{_pct(counts[0] / counts[1])} of {counts[1]}" if counts[1] else "none"
             if held_before:
                 fail(
-                    f"indispensable task {task} newly fails for {model}: pass rate {rate}, "
+                    f"indispensable task {task} newly fails for {model}: headline pass rate "
+                    f"{rate}, "
                     f"needs {_pct(floor)}"
                 )
             else:
@@ -305,6 +319,12 @@ def check_regression(
         verdict.failures += failures
         verdict.warnings += warnings
 
+    for side in result["headline_unknown"]:
+        who = (base, candidate)[side == "b"]
+        warn(
+            f"{who.label} predates the headline pass rate: its rate is over final outcomes "
+            "(re-runs counted as second chances); promote the baseline again to compare headlines"
+        )
     for change in result["provenance_changes"]:
         warn(f"provenance changed: {change}")
     for key in result["only_in_b"]:

@@ -13,7 +13,10 @@ from sqlalchemy.orm import Session
 
 from apg_farm.contract import COUNTED, Outcome
 from apg_farm.errors import NotFound
+from apg_farm.results.dataset_hashes import add_dataset_hashes
+from apg_farm.results.headline import apply_headline
 from apg_farm.results.queries import UNTRUSTED_VERIFY, attempt_tally
+from apg_farm.results.second_chance import add_second_chance
 from apg_farm.results.stats import wilson
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, Sweep
 
@@ -64,17 +67,24 @@ def untrusted_beds(session: Session, sweep_id: int) -> list[str]:
 
 
 def sweep_report(store: Store, sweep: Sweep) -> dict[str, Any]:
-    """The report as one JSON-ready object: {"sweep", "outcomes", "cells", "untrusted_verifier"}."""
+    """The report as one JSON-ready object: {"sweep", "outcomes", "cells", "untrusted_verifier",
+    "second_chance", "dataset_hashes"}, each cell's `pass_rate` the headline (headline.py)."""
     with store.read() as session:
         cells = attempt_tally(session, sweep.id).cells
         untrusted = untrusted_beds(session, sweep.id)
-    return report_from_cells(sweep, cells, untrusted)
+        report = report_from_cells(sweep, cells, untrusted)
+        add_second_chance(session, sweep.id, report)
+        for cell in report["cells"]:
+            apply_headline(cell)
+        add_dataset_hashes(session, sweep.id, report)
+    return report
 
 
 def report_from_cells(
     sweep: Sweep, cells: dict[tuple[str, str], Counter[str]], untrusted: list[str]
 ) -> dict[str, Any]:
-    """`sweep_report` from attempts already counted per (task, model) and outcome or state."""
+    """`sweep_report` from attempts already counted per (task, model) and outcome or state, its
+    rates over final outcomes (the headline replaces them once the re-runs are counted)."""
     outcomes: Counter[str] = Counter()
     for counts in cells.values():
         outcomes.update(counts)

@@ -22,18 +22,27 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from apg_farm import __version__
-from apg_farm.errors import BadInput
+from apg_farm.errors import BadInput, FarmError
 from apg_farm.settings import load_settings
 from apg_farm.store import (
     Attempt,
     AttemptState,
     Bed,
+    EvidenceFile,
+    EvidenceMissing,
+    EvidenceRow,
     Execution,
+    Location,
     Phase,
     Store,
     Sweep,
+    evidence_location,
+    evidence_transport,
+    list_evidence,
+    read_kept,
     utcnow,
 )
+from apg_farm.transports import Transport
 
 FORMAT = "apg-farm-seal/1"
 
@@ -82,6 +91,8 @@ EXECUTION_FIELDS = (
     "envelope_sha256",
     "bed_seconds",
 )
+#: An evidence file's record (one artifact per file kept off the bed, `.../evidence[<path>]`).
+EVIDENCE_FIELDS = ("size", "sha256", "truncated")
 PHASE_FIELDS = (
     "argv",
     "rc",
@@ -139,6 +150,12 @@ NOT_SEALED: dict[str, dict[str, str]] = {
         "id": "a surrogate key; an execution is named by its attempt and number",
         "agent_started": "whether the run phase's command was issued: the sealed phases show "
         "it (a phase named run); reports read it for the second-chance bias, no verdict",
+        "evidence_dir": "where the execution's evidence folder is on its host: a folder fetched "
+        "or moved is the same evidence; each file's path, size and sha256 are sealed "
+        "(`evidence[<path>]`), and verify re-hashes the files where this says they are",
+        "evidence_host": "as `evidence_dir`",
+        "evidence_meta": "what the move skipped or cut: sealed as the artifact "
+        "`<execution>/evidence_meta`, added only when set, so older manifests keep their digests",
         "provenance": "strings read from the envelope when it was recorded, for reports to "
         "count; the envelope's bytes are sealed as an artifact of their own, and "
         "contract/provenance.py derives the same strings from them again",
@@ -177,9 +194,15 @@ NOT_SEALED_TABLES: dict[str, str] = {
     "worker_beats": "which worker processes are alive now: operations, not a sweep's evidence",
     "bed_events": "the beds' history, not a sweep's",
     "model_gates": "each model's breaker and concurrency lock now: operations, shared by sweeps",
+    "claim_gates": "each model's allowance of quarantines for claims the farm could not check, and its pause: operations, shared by sweeps",
     "budgets": "the farm's spending caps: operations, shared by sweeps",
     "spend": "running spend totals of the whole farm, not a sweep's evidence",
     "bed_baselines": "the baselines beds have held, shared by sweeps; an execution names its own",
+    "dataset_pins": (
+        "each bed baseline's pinned dataset and task hashes, shared by sweeps; an execution's "
+        "envelope (sealed) names the hashes it was graded with, and a verdict against a pin "
+        "names both in its reason (sealed)"
+    ),
 }
 
 
@@ -216,6 +239,18 @@ def session_artifacts(session: Session, sweep_id: int) -> dict[str, str]:
         out[name] = _record({"bed": bed, **{f: getattr(execution, f) for f in EXECUTION_FIELDS}})
         if execution.envelope is not None:
             out[f"{name}/envelope"] = _sha(bytes(execution.envelope))
+        if execution.evidence_meta:
+            out[f"{name}/evidence_meta"] = _record(dict(execution.evidence_meta))
+    kept = session.scalars(
+        select(EvidenceRow)
+        .join(Execution, Execution.id == EvidenceRow.execution_id)
+        .join(Attempt, Attempt.id == Execution.attempt_id)
+        .where(Attempt.sweep_id == sweep_id)
+        .execution_options(yield_per=_BATCH)
+    )
+    for row in kept:
+        name = f"{exec_names[row.execution_id]}/evidence[{row.path}]"
+        out[name] = _record({f: getattr(row, f) for f in EVIDENCE_FIELDS})
     phases = session.scalars(
         select(Phase)
         .join(Execution, Execution.id == Phase.execution_id)
@@ -312,11 +347,15 @@ class Verification:
     missing: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
+    #: Evidence files on their hosts that are missing, changed or cannot be read, each named.
+    files: list[str] = field(default_factory=list)
     checked: int = 0
+    #: Evidence files re-hashed on their hosts.
+    files_checked: int = 0
 
     @property
     def ok(self) -> bool:
-        return not (self.problems or self.missing or self.changed or self.added)
+        return not (self.problems or self.missing or self.changed or self.added or self.files)
 
     def lines(self) -> list[str]:
         """One line per finding, each naming the artifact."""
@@ -325,6 +364,7 @@ class Verification:
             *(f"missing: {name}" for name in self.missing),
             *(f"changed: {name}" for name in self.changed),
             *(f"added: {name}" for name in self.added),
+            *self.files,
         ]
 
 
@@ -426,8 +466,11 @@ def check_manifest(doc: object, sweep_id: int) -> tuple[dict[str, str] | None, l
     return dict(listed), problems
 
 
-def verify_seal(store: Store, sweep: Sweep, *, manifest: Path | None = None) -> Verification:
-    """Recompute every artifact's sha256 and compare with the sealed manifest.
+def verify_seal(
+    store: Store, sweep: Sweep, *, manifest: Path | None = None, files: bool = True
+) -> Verification:
+    """Recompute every artifact's sha256 and compare with the sealed manifest; with `files`,
+    re-hash every evidence file where it is kept (its host, over the bed's transport) too.
 
     Never raises on a bad manifest or a damaged record: each is a `problems` line naming the
     manifest's path, or the sweep, and what is wrong.
@@ -479,4 +522,49 @@ def verify_seal(store: Store, sweep: Sweep, *, manifest: Path | None = None) -> 
     result.missing = sorted(set(sealed) - set(current))
     result.added = sorted(set(current) - set(sealed))
     result.changed = sorted(n for n in set(sealed) & set(current) if sealed[n] != current[n])
+    if files:
+        check_evidence_files(store, sweep.id, result)
     return result
+
+
+def check_evidence_files(store: Store, sweep_id: int, result: Verification) -> None:
+    """Each stored evidence file read on its evidence host and checked against its sha256: a
+    changed, missing or unreachable file is a line naming it."""
+    with store.read() as session:
+        rows = session.execute(
+            select(Execution.id, Attempt.task, Attempt.model, Attempt.trial, Execution.number)
+            .join(Attempt, Attempt.id == Execution.attempt_id)
+            .where(Attempt.sweep_id == sweep_id, Execution.evidence_dir.is_not(None))
+            .order_by(Execution.id)
+        ).all()
+    for execution_id, task, model, trial, number in rows:
+        name = f"attempt[{task}|{model}|{trial}]/execution[{number}]"
+        kept = list_evidence(store, execution_id)
+        if not kept:
+            continue
+        try:
+            location = evidence_location(store, execution_id)
+            if location is None:
+                continue
+            transport = evidence_transport(location)
+        except FarmError as error:
+            result.files.append(f"evidence of {name} cannot be checked: {error.message}")
+            continue
+        try:
+            for item in kept:
+                result.files_checked += 1
+                problem = _file_problem(transport, location, item)
+                if problem is not None:
+                    result.files.append(f"{problem}: {name}/evidence[{item.path}]")
+        finally:
+            transport.close()
+
+
+def _file_problem(transport: Transport, location: Location, item: EvidenceFile) -> str | None:
+    try:
+        read_kept(transport, location, item)
+    except EvidenceMissing:
+        return "evidence file missing"
+    except FarmError:
+        return "evidence file changed"
+    return None

@@ -13,7 +13,12 @@ rate may be inflated. Every report states, per (task, model), per model and for 
   such a re-run counted as a failure, and counted in the denominator even when it ended ERROR or
   INVALID (outside the pass rate): passes without a re-run ÷ (n + re-run attempts that ended ERROR
   or INVALID);
-- `rerun_share` = `rerun_attempts` ÷ `started_attempts`.
+- `rerun_share` = `rerun_attempts` ÷ `started_attempts`;
+- `second_chance_attempts`, and the **headline** counts `headline_passed` ÷ `headline_n`
+  (results/headline.py makes them the pass rate every report leads with): the lower bound's
+  arithmetic over the re-runs an agent could have bought only, those of a `SECOND_CHANCE_KINDS`
+  kind. A re-run the farm caused or observed (`FARM_KINDS`: a lost lease, a farm error, a failed
+  link after the run, a claim the farm reproduced with its own check) costs the model nothing.
 
 Everything is aggregated by the database (rows per task, model, outcome and kind), and the
 classification is one SQL CASE built from the same rules as the Python function.
@@ -29,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome
 from apg_farm.results import queries
+from apg_farm.results.headline import final_figures, rate_figures
 from apg_farm.results.stats import wilson
 from apg_farm.store import Attempt, Execution
 
@@ -48,15 +54,41 @@ KINDS = (
     "grade_failed",
     "lease_lost",
     "farm_error",
+    "link_failed",
+    "farm_reproduced",
     "other",
+)
+
+#: Re-runs the farm caused or observed itself: the agent cannot have bought them, so the
+#: headline does not count them against the model.
+FARM_KINDS = ("lease_lost", "farm_error", "link_failed", "farm_reproduced")
+
+#: Re-runs that rest on what the agent could write (its record, its output, its run's timing):
+#: the headline counts an attempt with one as not passed ("other" included: unknown is not the
+#: farm's word).
+SECOND_CHANCE_KINDS = tuple(kind for kind in KINDS if kind not in FARM_KINDS)
+
+#: Checks after the run whose failed link ends an execution as a retry (engine: "only a failed
+#: link gets here"): the farm's own transport failing, never a claim the run made.
+_AFTER_RUN_CHECKS = (
+    "ddev_check_after",
+    "ddev_check_stopped",
+    "processes_after",
+    "stop_agent",
+    "host_files",
+    "verify_after",
 )
 
 #: (kind, lower-case texts any of which in the lower-cased reason names it), first match wins.
 #: The reasons are the engine's and the outcome policy's (contract/outcomes.py, workers/engine.py).
+#: A claim the farm reproduced comes first: its reason keeps the claim's own words (a start
+#: token, "provider trouble") that later rules would name.
 REASON_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("farm_reproduced", ("reproduced by the farm's check",)),
     ("provider_trouble", ("provider trouble",)),
     ("lease_lost", ("lease expired",)),
     ("farm_error", ("farm error",)),
+    ("link_failed", tuple(f"{check}: transport failed" for check in _AFTER_RUN_CHECKS)),
     (
         "adapter_not_started",
         (
@@ -85,6 +117,9 @@ CELL_KEYS = (
     "reruns",
     "reruns_by_kind",
     "rerun_share",
+    "second_chance_attempts",
+    "headline_n",
+    "headline_passed",
     "lower_bound_n",
     "lower_bound_passed",
     "lower_bound_rate",
@@ -125,42 +160,70 @@ def _rerun() -> ColumnElement[bool]:
     return Execution.agent_started.is_(True) & Execution.result.in_(RERUN_RESULTS)
 
 
+def second_chance_sql() -> ColumnElement[bool]:
+    """An execution that is a re-run after the agent started of a kind the agent could have
+    bought (SECOND_CHANCE_KINDS): what the headline counts against its attempt."""
+    return _rerun() & rerun_kind_sql().in_(SECOND_CHANCE_KINDS)
+
+
 def _count(condition: ColumnElement[bool]) -> ColumnElement[int]:
     return func.sum(case((condition, 1), else_=0))
 
 
+#: Per-attempt tallies a row adds up: attempts started, with a re-run (and of those, PASSED and
+#: ERROR/INVALID ones), with a re-run the agent could have bought (the same split).
+_TALLIES = (
+    "started",
+    "rerun",
+    "rerun_passed",
+    "rerun_added",
+    "bought",
+    "bought_passed",
+    "bought_added",
+)
+
+
 def _zero() -> dict[str, Any]:
-    return {"started": 0, "rerun": 0, "rerun_passed": 0, "rerun_added": 0, "kinds": Counter()}
+    return {**dict.fromkeys(_TALLIES, 0), "kinds": Counter()}
 
 
 def _tallies(session: Session, sweep_id: int) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per (task, model): attempts started, with a re-run (passed, added), re-runs by kind."""
+    """Per (task, model): attempts started, with a re-run (passed, added), with a re-run the
+    agent could have bought (passed, added), re-runs by kind."""
     per_attempt = (
         queries.sweep_executions(
             sweep_id,
             Execution.attempt_id.label("attempt_id"),
             _count(_rerun()).label("reruns"),
+            _count(second_chance_sql()).label("bought"),
             _count(Execution.agent_started.is_(True)).label("started"),
         )
         .group_by(Execution.attempt_id)
         .subquery()
     )
-    had_rerun = per_attempt.c.reruns > 0
     stmt = (
-        select(Attempt.task, Attempt.model, Attempt.outcome, func.count(), _count(had_rerun))
+        select(
+            Attempt.task,
+            Attempt.model,
+            Attempt.outcome,
+            func.count(),
+            _count(per_attempt.c.reruns > 0),
+            _count(per_attempt.c.bought > 0),
+        )
         .join(per_attempt, per_attempt.c.attempt_id == Attempt.id)
         .where(per_attempt.c.started > 0)
         .group_by(Attempt.task, Attempt.model, Attempt.outcome)
     )
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for task, model, outcome, started, rerun in session.execute(stmt):
+    for task, model, outcome, started, rerun, bought in session.execute(stmt):
         found = out.setdefault((task, model), _zero())
         found["started"] += int(started)
-        found["rerun"] += int(rerun or 0)
-        if outcome == Outcome.PASSED:
-            found["rerun_passed"] += int(rerun or 0)
-        elif outcome in ADDED_TO_DENOMINATOR:
-            found["rerun_added"] += int(rerun or 0)
+        for name, count in (("rerun", int(rerun or 0)), ("bought", int(bought or 0))):
+            found[name] += count
+            if outcome == Outcome.PASSED:
+                found[f"{name}_passed"] += count
+            elif outcome in ADDED_TO_DENOMINATOR:
+                found[f"{name}_added"] += count
     kind = rerun_kind_sql().label("kind")
     by_kind = (
         queries.sweep_executions(sweep_id, Attempt.task, Attempt.model, kind, func.count())
@@ -184,6 +247,9 @@ def _figures(found: dict[str, Any], n: int, passed: int) -> dict[str, Any]:
         "reruns": sum(kinds.values()),
         "reruns_by_kind": {k: kinds[k] for k in KINDS if kinds[k]},
         "rerun_share": found["rerun"] / found["started"] if found["started"] else None,
+        "second_chance_attempts": found["bought"],
+        "headline_n": n + found["bought_added"],
+        "headline_passed": passed - found["bought_passed"],
         "lower_bound_n": lb_n,
         "lower_bound_passed": lb_passed,
         "lower_bound_rate": lb_passed / lb_n if lb_n else None,
@@ -193,35 +259,63 @@ def _figures(found: dict[str, Any], n: int, passed: int) -> dict[str, Any]:
 
 
 def _add(into: dict[str, Any], found: dict[str, Any]) -> None:
-    for key in ("started", "rerun", "rerun_passed", "rerun_added"):
+    for key in _TALLIES:
         into[key] += found[key]
     into["kinds"].update(found["kinds"])
 
 
-def add_second_chance(session: Session, sweep_id: int, report: dict[str, Any]) -> None:
-    """Add the second-chance figures to the report's cells and model rows, and the sweep's
-    totals under `second_chance`."""
-    tallies = _tallies(session, sweep_id)
-    by_model: dict[str, dict[str, Any]] = {}
+#: Per (task, model): what `tallies` found for it.
+Tallies = dict[tuple[str, str], dict[str, Any]]
+
+
+def tallies(session: Session, sweep_id: int) -> Tallies:
+    """The sweep's per-(task, model) tallies, one grouped query: what `add_to_cells` and
+    `add_to_models` spread over a report."""
+    return _tallies(session, sweep_id)
+
+
+def add_to_cells(report: dict[str, Any], found: Tallies) -> None:
+    """Add the second-chance figures (the headline counts among them) to the report's cells, and
+    the sweep's totals under `second_chance`."""
     sweep = _zero()
     for cell in report["cells"]:
-        found = tallies.get((cell["task"], cell["model"]), _zero())
-        cell.update(_figures(found, cell["n"], cell["passed"]))
-        _add(by_model.setdefault(cell["model"], _zero()), found)
-        _add(sweep, found)
-    for row in report.get("models", []):
-        row.update(_figures(by_model.get(row["model"], _zero()), row["n"], row["passed"]))
+        mine = found.get((cell["task"], cell["model"]), _zero())
+        cell.update(_figures(mine, cell["n"], cell["passed"]))
+        _add(sweep, mine)
     n = sum(cell["n"] for cell in report["cells"])
     passed = sum(cell["passed"] for cell in report["cells"])
     totals = _figures(sweep, n, passed)
     report["second_chance"] = {
         "definition": "a re-run after the agent started is an execution whose run phase's "
         "command was issued and whose result is RETRY or LOST; the lower bound counts every "
-        "attempt with one as a failure (ERROR and INVALID ones added to the denominator); "
-        "rerun_share = rerun_attempts / started_attempts",
-        "pass_rate": passed / n if n else None,
+        "attempt with one as a failure (ERROR and INVALID ones added to the denominator), the "
+        "headline (pass_rate) only those with a re-run the agent could have bought "
+        f"({', '.join(SECOND_CHANCE_KINDS)}); final_rate counts final outcomes, re-runs "
+        "included; rerun_share = rerun_attempts / started_attempts",
+        **rate_figures(totals["headline_passed"], totals["headline_n"]),
+        **final_figures(passed, n),
         **totals,
     }
+
+
+def add_to_models(report: dict[str, Any], found: Tallies) -> None:
+    """Add the second-chance figures to the report's model rows, pooled over their cells."""
+    by_model: dict[str, dict[str, Any]] = {}
+    for cell in report["cells"]:
+        _add(
+            by_model.setdefault(cell["model"], _zero()),
+            found.get((cell["task"], cell["model"]), _zero()),
+        )
+    for row in report.get("models", []):
+        row.update(_figures(by_model.get(row["model"], _zero()), row["n"], row["passed"]))
+
+
+def add_second_chance(session: Session, sweep_id: int, report: dict[str, Any]) -> None:
+    """Add the second-chance figures to the report's cells and model rows, and the sweep's
+    totals under `second_chance`."""
+    found = _tallies(session, sweep_id)
+    add_to_cells(report, found)
+    add_to_models(report, found)
 
 
 def rerun_share(summary: dict[str, Any]) -> float | None:

@@ -31,6 +31,7 @@ from apg_farm.defaults import (
 from apg_farm.specs import SweepSpec
 from apg_farm.store.baselines import note_baseline
 from apg_farm.store.canaries import CANARY_HOLD
+from apg_farm.store.claim_gates import unpaused as claims_unpaused
 from apg_farm.store.db import Store, rowcount
 from apg_farm.store.models import (
     Attempt,
@@ -243,6 +244,8 @@ def _claim(
             .join(Sweep, Sweep.id == Attempt.sweep_id)
             .where(Attempt.state == AttemptState.QUEUED, Sweep.state == SweepState.OPEN)
             .where(*claimable(store), not_(at_capacity(session, bed.pool)))
+            # A model paused for claims the farm could not check (claim_gates.py) waits.
+            .where(claims_unpaused())
             # A sealed sweep's evidence is closed: it takes no new executions.
             .where(Sweep.sealed_at.is_(None))
             .where(Attempt.pool == bed.pool)

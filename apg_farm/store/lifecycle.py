@@ -30,7 +30,7 @@ never wait for each other in opposite orders.
 | bed draining -> removed | `rules.finish_draining` | bed |
 | bed active -> upgrading, a step of its upgrade | `start_upgrade`, `upgrade_step` | bed |
 | bed upgrading -> active (healthy) or quarantined | `finish_upgrade` | bed |
-| a model's believed outage opened | `judge_outage_claim` (pacing.believe_outage) | the model's gate |
+| a model's believed outage opened | `outages.judge_provider_claim` (pacing.believe_outage) | the model's gate |
 | a harness's sweep made, one sample's attempt queued | `open_harness_attempt` | the sweep |
 | queued -> done CANCELLED, one attempt (its sample interrupted) | `cancel_attempt` | the attempt |
 | a canary holds the bed (claims refuse it), then its event, summary and quarantine | `hold_for_canary`, `record_canary` | bed |
@@ -61,21 +61,24 @@ from apg_farm.store.canaries import (
     INCONCLUSIVE,
     QUARANTINING,
 )
+from apg_farm.store.claim_gates import quarantine_for_claim
 from apg_farm.store.claims import AGENT_STOPPED, Claim, canary_holder
 from apg_farm.store.db import Store, rowcount
+from apg_farm.store.evidence import Kept, record_kept
 from apg_farm.store.models import (
     Attempt,
     AttemptState,
     Bed,
     BedEvent,
     BedState,
+    EvidenceRow,
     Execution,
     Phase,
     Sweep,
     SweepState,
     utcnow,
 )
-from apg_farm.store.pacing import add_spend, believe_outage, claimable, db_time
+from apg_farm.store.pacing import add_spend, claimable, db_time
 from apg_farm.store.rules import (
     UNFINISHED,
     done,
@@ -138,6 +141,13 @@ class Evidence:
     usage: Usage | None = None
     #: Every quarantine a phase asked for, in order; all are applied.
     quarantines: list[str] = field(default_factory=list)
+    #: Every quarantine asked for on the agent's word alone (a leak line, a flood of token
+    #: lines): applied within the model's allowance (claim_gates.py), never to the pool.
+    unchecked: list[str] = field(default_factory=list)
+    #: The run folder (and leftovers) moved off the bed, with each file's sha256 (evidence.py).
+    kept: Kept | None = None
+    #: Other bed meta keys this execution learned (e.g. the web container's clean listing).
+    bed_meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,7 +179,7 @@ def record_verdict(
             return Recorded(verdict, Outcome(done) if done else None, lost=lost)
         # LOST with no end yet: the reconciler took the attempt back while this bed worked.
         taken_back = execution.reason if execution.result == "LOST" else None
-        _fill(execution, evidence, verdict)
+        _fill(session, execution, evidence, verdict)
         _mark_bed(bed, evidence)
         # Spent whatever becomes of the attempt: every execution's cost counts.
         add_spend(store, session, claim.sweep_id, execution.cost_usd)
@@ -209,6 +219,9 @@ def record_verdict(
             # lock order; before the model gates, which pace_model takes).
             finish_if_final(store, session, row.sweep_id)
         execution.result = outcome or "RETRY"
+        done = _unchecked(store, session, bed, claim, evidence, verdict)
+        if done is not None:
+            row.reason = f"{row.reason}; {done}" if row.reason else done
         if verdict.provider_trouble is not None:
             to_the_back(session, row)
         pace_model(
@@ -232,13 +245,27 @@ def record_lost(store: Store, claim: Claim, evidence: Evidence) -> Recorded:
     with store.session() as session:
         bed = _lock_bed(store, session, claim.bed_id)
         execution = session.get_one(Execution, claim.execution_id)
-        _fill(execution, evidence, verdict)
+        _fill(session, execution, evidence, verdict)
         _mark_bed(bed, evidence)
         execution.result = "LOST"
         add_spend(store, session, claim.sweep_id, execution.cost_usd)
         # What this bed showed while it held the attempt still stands: quarantine it.
         quarantine(session, bed, evidence.quarantines)
+        _unchecked(store, session, bed, claim, evidence, verdict)
     return Recorded(verdict, None, lost=True)
+
+
+def _unchecked(
+    store: Store, session: Session, bed: Bed, claim: Claim, evidence: Evidence, verdict: Verdict
+) -> str | None:
+    """A quarantine asked for on the agent's word (a claim the farm could not check, a leak
+    line): one bed per model an hour, then the model is paused, never the pool
+    (store/claim_gates.py). Returns what was done, None when nothing was asked."""
+    reasons = [*evidence.unchecked, *([verdict.unchecked] if verdict.unchecked else [])]
+    if not reasons:
+        return None
+    reason = "; ".join(dict.fromkeys(reasons))
+    return quarantine_for_claim(store, session, bed, model=claim.model, reason=reason)
 
 
 def _lock_bed(store: Store, session: Session, bed_id: int) -> Bed:
@@ -246,7 +273,7 @@ def _lock_bed(store: Store, session: Session, bed_id: int) -> Bed:
     return session.get_one(Bed, bed_id, with_for_update=not store.is_sqlite)
 
 
-def _fill(execution: Execution, evidence: Evidence, verdict: Verdict) -> None:
+def _fill(session: Session, execution: Execution, evidence: Evidence, verdict: Verdict) -> None:
     """Copy what the execution learned onto its row."""
     execution.finished_at = utcnow()
     execution.run_id = evidence.run_id
@@ -261,6 +288,8 @@ def _fill(execution: Execution, evidence: Evidence, verdict: Verdict) -> None:
         execution.envelope_sha256 = hashlib.sha256(evidence.envelope).hexdigest()
         # Read once here, bounded and never raising, so reports need not parse envelopes.
         execution.provenance = envelope_provenance(evidence.envelope)
+    if evidence.kept is not None:
+        record_kept(session, execution, evidence.kept)
     usage = evidence.usage
     if usage is not None:
         execution.cost_usd = usage.cost_usd
@@ -278,15 +307,9 @@ def _mark_bed(bed: Bed, evidence: Evidence) -> None:
     meta = {**(bed.meta or {}), AGENT_STOPPED: evidence.agent_stopped}
     if evidence.stop_listing is not None:
         meta[STOP_LISTING] = evidence.stop_listing
+    meta.update(evidence.bed_meta)
     if meta != (bed.meta or {}):
         bed.meta = meta
-
-
-def judge_outage_claim(store: Store, model: str, *, quiet: float) -> str | None:
-    """Whether a provider claim by `model` is believed (pacing.believe_outage: None, or why
-    not), in a transaction of its own that locks and writes the model's gate row."""
-    with store.session() as session:
-        return believe_outage(store, session, model, quiet=quiet)
 
 
 # --- phase records ------------------------------------------------------------------------------
@@ -644,6 +667,12 @@ def delete_sweep(store: Store, sweep_id: int) -> Deleted:
             )
         attempts = select(Attempt.id).where(Attempt.sweep_id == sweep_id)
         executions = select(Execution.id).where(Execution.attempt_id.in_(attempts))
+        # The rows only: the files stay on their hosts until `apg-farm evidence prune`.
+        session.execute(
+            delete(EvidenceRow)
+            .where(EvidenceRow.execution_id.in_(executions))
+            .execution_options(synchronize_session=False)
+        )
         phases = rowcount(
             session.execute(
                 delete(Phase)

@@ -175,6 +175,39 @@ class BedBaseline(Base):
     first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class DatasetPin(Base):
+    """What a task's grade reads on one bed baseline (`dataset_sha256`, `task_sha256`), from a
+    grade no agent could have influenced: a grade at baseline before any run (the engine's, once
+    per baseline, task and dataset named) or a canary's. An envelope naming other hashes is TAMPERED
+    (contract/pins.py). None hashes: the grade at baseline named none (`note` says why)."""
+
+    __tablename__ = "dataset_pins"
+    __table_args__ = (
+        UniqueConstraint(
+            "baseline_key", "escrow_sha256", "task", "dataset", name="uq_dataset_pins_key"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    #: The baseline identity (executions.baseline_key) and the escrow set the bed is verified
+    #: against (executions.escrow_sha256); "" when unknown (store/pins.py: why both).
+    baseline_key: Mapped[str] = mapped_column(String(16))
+    escrow_sha256: Mapped[str] = mapped_column(String(64))
+    task: Mapped[str] = mapped_column(String(255))
+    #: The dataset named to the grade; "" when none was (the bed's default).
+    dataset: Mapped[str] = mapped_column(String(255))
+    dataset_sha256: Mapped[str | None] = mapped_column(String(256))
+    task_sha256: Mapped[str | None] = mapped_column(String(256))
+    dataset_path: Mapped[str | None] = mapped_column(String(256))
+    #: Why the hashes are None (the grade skipped the task, or said `unresolved: …`).
+    note: Mapped[str | None] = mapped_column(Text)
+    #: Which grade pinned it: "baseline_grade" (the engine's, before a run) or "canary".
+    source: Mapped[str] = mapped_column(String(40))
+    bed_id: Mapped[int | None] = mapped_column(Integer)
+    execution_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class BedEvent(Base):
     """Something that happened to a bed: added, quarantined, released, doctor verdicts."""
 
@@ -233,6 +266,22 @@ class ModelGate(Base):
     #: When a run of the model that started after outage_since ended without trouble: the outage
     #: was over then, so later claims need a new outage, which the quiet period rations.
     outage_ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ClaimGate(Base):
+    """What claims the farm could not check have cost a model (store/claim_gates.py), one row
+    per model: at most one bed quarantined an hour, after which the model is paused until a
+    person releases it (`apg-farm model release MODEL`), never more beds."""
+
+    __tablename__ = "claim_gates"
+
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    #: When an unchecked claim of the model last quarantined a bed, and which bed.
+    quarantined_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    quarantined_bed_id: Mapped[int | None] = mapped_column(Integer)
+    #: Set while the model is paused for its claims: why, and since when.
+    paused_reason: Mapped[str | None] = mapped_column(Text)
+    paused_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class Budget(Base):
@@ -385,9 +434,37 @@ class Execution(Base):
     baseline_key: Mapped[str | None] = mapped_column(String(16))
     #: sha256 over the escrow set's files the farm verified the bed against (beds/identity.py).
     escrow_sha256: Mapped[str | None] = mapped_column(String(64))
+    #: Where the execution's evidence (its run folder, and leftovers found before its run) was
+    #: moved off the bed: an absolute folder on `evidence_host` (workers/evidence.py). NULL when
+    #: nothing was moved (no run folder, or the move failed: `evidence_meta` says why).
+    evidence_dir: Mapped[str | None] = mapped_column(Text)
+    #: The host holding `evidence_dir`: `local:<worker host name>` for a local bed, else the SSH
+    #: bed's `user@host:port` (evidence stays on that bed's host unless fetched).
+    evidence_host: Mapped[str | None] = mapped_column(String(255))
+    #: What the move skipped or cut (bounded): skipped entries with their type, counts of files
+    #: and bytes left out at the caps, a timeout, what stayed on the bed. Agent-made, so counted.
+    evidence_meta: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
 
     attempt: Mapped[Attempt] = relationship(back_populates="executions")
     phases: Mapped[list[Phase]] = relationship(order_by="Phase.id")
+
+
+class EvidenceRow(Base):
+    """One file an execution left in runs/ (or found there before its run), as copied off the bed:
+    its path under the execution's evidence folder, the bytes kept and their sha256."""
+
+    __tablename__ = "evidence_files"
+    __table_args__ = (UniqueConstraint("execution_id", "path", name="uq_evidence_files_path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    execution_id: Mapped[int] = mapped_column(ForeignKey("executions.id"), index=True)
+    #: POSIX, relative to the execution's evidence folder: `runs/<name>/...` or `leftover/<name>/...`.
+    path: Mapped[str] = mapped_column(Text)
+    #: Bytes kept (at most the per-file cap).
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    #: Only the first `size` bytes of a longer file were kept.
+    truncated: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Phase(Base):

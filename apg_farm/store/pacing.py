@@ -281,8 +281,9 @@ def believe_outage(store: Store, session: Session, model: str, *, quiet: float) 
     now = db_time(store, session)
     if since is not None and (now - since).total_seconds() < quiet:
         return (
-            f"{model} ran clean since its last believed outage began "
-            f"{(now - since).total_seconds():.0f} s ago; a new one is believed once in {quiet:g} s"
+            f"{model}'s last believed outage, begun {(now - since).total_seconds():.0f} s ago, "
+            f"is over (a run its provider answered ended since); a new one is believed once in "
+            f"{quiet:g} s"
         )
     gate.outage_since, gate.outage_ended_at = now, None
     return None

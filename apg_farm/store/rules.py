@@ -31,7 +31,8 @@ from apg_farm.store.models import (
     SweepState,
     utcnow,
 )
-from apg_farm.store.pacing import backoff, close, outage_clean, trip
+from apg_farm.store.outages import provider_answered
+from apg_farm.store.pacing import backoff, close, trip
 
 
 def settle(
@@ -62,7 +63,11 @@ def settle(
         assert verdict.outcome is not None
         return done(row, verdict.outcome, verdict.reason), None
     row.infra_failures += 1
-    bed.consecutive_errors += 1
+    if not verdict.claim:
+        # A claim believed without the farm's own check of the bed failing (the run's word, an
+        # unchanged site, the start window) is no failure of the bed: an agent can print one
+        # on every run, and counting it would let one model take the pool out.
+        bed.consecutive_errors += 1
     in_a_row = None
     if bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
         in_a_row = (
@@ -115,7 +120,8 @@ def pace_model(
     delays: tuple[float, float],
 ) -> None:
     """Provider trouble opens the model's breaker; a probe that ran without it closes it; a
-    run judged without trouble ends the model's believed outage (pacing.believe_outage)."""
+    run judged without trouble ends the model's believed outage (pacing.believe_outage), and one
+    the provider answered ends its provider's (store/outages.py)."""
     if verdict.provider_trouble is not None:
         trip(
             store,
@@ -128,12 +134,15 @@ def pace_model(
             probe=probe,
         )
         return
+    # Not the record's word (an agent can write an outage into a run it passed): a run judged
+    # without believed trouble ends its model's outage; one the provider answered (no error
+    # record, or passed) ends its provider's other models' too (store/outages.py). First: it
+    # locks the provider's gates in model order, this model's included, before close does.
+    if execution.agent_started and verdict.outcome in COUNTED:
+        answered = execution.provider_trouble is None or verdict.outcome == Outcome.PASSED
+        provider_answered(store, session, model, execution, answered=answered)
     if probe and verdict.action == "final":
         close(store, session, model, execution.started_at)
-    # Not the record's word (an agent can write an outage into a run it passed): a run judged
-    # without believed trouble is one the provider answered.
-    if execution.agent_started and verdict.outcome in COUNTED:
-        outage_clean(session, model, execution.started_at)
 
 
 def to_the_back(session: Session, row: Attempt) -> None:
