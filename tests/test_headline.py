@@ -40,14 +40,27 @@ PROVIDER: Try = ("RETRY", True, "provider trouble (rate_limited): believed", "ra
 
 #: Re-runs the farm caused or observed itself.
 LOST: Try = ("LOST", True, "lease expired: the bed or its worker stopped answering", None)
-FARM_ERROR: Try = ("RETRY", True, "farm error: OperationalError: server closed", None)
-LINK: Try = ("RETRY", True, "verify_after: transport failed: ssh: connection reset", None)
+FARM_ERROR: Try = (
+    "RETRY",
+    True,
+    "farm error: OperationalError: server closed",
+    None,
+    "farm_error",
+)
+LINK: Try = (
+    "RETRY",
+    True,
+    "verify_after: transport failed: ssh: connection reset",
+    None,
+    "link_failed",
+)
 REPRODUCED: Try = (
     "RETRY",
     True,
     "run: APG_CLAUDE_INSTALL_FAILED; reproduced by the farm's check (ai-eval-claude check "
     "failed): retried elsewhere",
     None,
+    "farm_reproduced",
 )
 
 
@@ -60,8 +73,10 @@ def test_the_kinds_split_the_farms_from_the_agents() -> None:
         "grade_failed",
         "other",
     }
-    assert rerun_kind("RETRY", None, REPRODUCED[2]) == "farm_reproduced"
-    assert rerun_kind("RETRY", None, LINK[2]) == "link_failed"
+    # The farm's kinds only as the farm stored them; their reasons alone name the agent's.
+    for farm in (REPRODUCED, LINK, FARM_ERROR):
+        assert rerun_kind("RETRY", None, farm[2], farm[4]) == farm[4]  # type: ignore[misc]
+        assert rerun_kind("RETRY", None, farm[2]) in SECOND_CHANCE_KINDS
     # The run's own link is the agent's to break (it can kill its session): not the farm's.
     assert rerun_kind("RETRY", None, "run: transport failed: reset") == "timeout_or_transport"
     assert rerun_kind("RETRY", None, CLAIM[2]) == "adapter_not_started"

@@ -177,14 +177,15 @@ def _headline_counts(store: Store, sweep: Sweep) -> dict[tuple[str, str], tuple[
                 Execution.agent_started,
                 Execution.provider_trouble,
                 Execution.reason,
+                Execution.rerun_kind,
             )
             .join(Attempt, Attempt.id == Execution.attempt_id)
             .where(Attempt.sweep_id == sweep.id)
         ).all()
     bought: set[int] = set()
-    for attempt_id, result, started, trouble, reason in executions:
+    for attempt_id, result, started, trouble, reason, recorded in executions:
         rerun = started and result in ("RETRY", "LOST")
-        if rerun and rerun_kind(result, trouble, reason) not in FARM:
+        if rerun and rerun_kind(result, trouble, reason, recorded) not in FARM:
             bought.add(attempt_id)
     counts: dict[tuple[str, str], list[int]] = {}
     for attempt_id, task, model, outcome in attempts:
@@ -525,23 +526,32 @@ def _twist(store: Store, sweep_id: int) -> None:
             .where(Execution.result == "RETRY")
             .order_by(Execution.id)
         ).all()
-        reasons: list[tuple[str | None, str | None]] = [
-            ("provider trouble (rate_limited): believed", "rate_limited"),
-            ("run: APG_CLAUDE_INSTALL_FAILED; nobody acted, retried elsewhere", None),
-            ("lease expired: the bed or its worker stopped answering", None),
-            ("farm error: OperationalError", None),
-            ("verify_after: transport failed: ssh: connection reset", None),
-            ("run: APG_CLAUDE_INSTALL_FAILED; reproduced by the farm's check", None),
-            ("run: no result before the sweep's run timeout", None),
-            (None, "overloaded"),
-            ("something new", None),
+        # (reason, provider trouble, the kind the farm stored when it ended: None for rows
+        # recorded before it stored one, read from their reason's text).
+        reasons: list[tuple[str | None, str | None, str | None]] = [
+            ("provider trouble (rate_limited): believed", "rate_limited", "provider_trouble"),
+            ("run: APG_CLAUDE_INSTALL_FAILED; nobody acted, retried elsewhere", None, None),
+            ("lease expired: the bed or its worker stopped answering", None, "lease_lost"),
+            ("farm error: OperationalError", None, "farm_error"),
+            ("verify_after: transport failed: ssh: connection reset", None, "link_failed"),
+            ("run: APG_CLAUDE_INSTALL_FAILED; reproduced by the farm's check", None, None),
+            ("run: no result before the sweep's run timeout", None, "timeout_or_transport"),
+            (None, "overloaded", None),
+            ("something new", None, None),
+            ("farm error in a text, no kind stored: the agent's", None, None),
+            ("run: APG_X; reproduced by the farm's check (x)", None, "farm_reproduced"),
         ]
         for index, (execution_id, attempt_id) in enumerate(reruns):
-            reason, trouble = reasons[index % len(reasons)]
+            reason, trouble, kind = reasons[index % len(reasons)]
             session.execute(
                 update(Execution)
                 .where(Execution.id == execution_id)
-                .values(agent_started=index % 10 != 9, reason=reason, provider_trouble=trouble)
+                .values(
+                    agent_started=index % 10 != 9,
+                    reason=reason,
+                    provider_trouble=trouble,
+                    rerun_kind=kind,
+                )
             )
             # Some of them ran out of retries or broke their envelope: outside n, but in the
             # headline's n when the re-run was the agent's.

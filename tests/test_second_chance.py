@@ -25,7 +25,12 @@ from apg_farm.results import (
     report_csv,
     rerun_share_findings,
 )
-from apg_farm.results.second_chance import KINDS, rerun_kind, rerun_kind_sql
+from apg_farm.results.second_chance import (
+    KINDS,
+    SECOND_CHANCE_KINDS,
+    rerun_kind,
+    rerun_kind_sql,
+)
 from apg_farm.results.stats import wilson
 from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store, Sweep, utcnow
@@ -68,8 +73,11 @@ REASONS: list[tuple[str | None, str, str | None, str]] = [
     ("grade could not run (exit 2)", "RETRY", None, "grade_failed"),
     ("lease expired: the bed or its worker stopped answering", "LOST", None, "lease_lost"),
     ("anything at all", "LOST", "overloaded", "lease_lost"),
-    ("farm error: OperationalError: server closed the connection", "RETRY", None, "farm_error"),
-    ("FARM ERROR: upper case is the same", "RETRY", None, "farm_error"),
+    # The farm's kinds are never read from text (rerun_kinds.py): stored when the re-run ended.
+    ("farm error: OperationalError: server closed the connection", "RETRY", None, "other"),
+    ("run: APG_X; reproduced by the farm's check: retried", "RETRY", None, "adapter_not_started"),
+    ("verify_after: transport failed: reset", "RETRY", None, "timeout_or_transport"),
+    ("PROVIDER TROUBLE: upper case is the same", "RETRY", None, "provider_trouble"),
     ("something new (100%_sure)", "RETRY", None, "other"),
     (None, "RETRY", None, "other"),
     ("verify before the attempt failed (exit 1)", "RETRY", "api_error", "provider_trouble"),
@@ -82,11 +90,27 @@ def test_rerun_kind_classifies_the_reasons() -> None:
         assert kind in KINDS
 
 
+def test_a_stored_kind_wins_and_text_never_names_the_farms() -> None:
+    for kind in KINDS:
+        # The kind the farm stored, whatever the text says; LOST is a lost lease regardless.
+        assert rerun_kind("RETRY", None, "provider trouble", kind) == kind
+        assert rerun_kind("LOST", None, "farm error", kind) == "lease_lost"
+    # An unknown stored value is not believed: the text's agent kind, or other.
+    assert rerun_kind("RETRY", None, "farm error: x", "farm_errorz") == "other"
+    for reason, result, trouble, _ in REASONS:
+        if result == "RETRY":
+            assert rerun_kind(result, trouble, reason) in SECOND_CHANCE_KINDS, reason
+
+
 # --- a store built by hand ------------------------------------------------------------------------
 
 
-#: One execution: (result, agent_started, reason, provider_trouble).
-Try = tuple[str | None, bool, str | None, str | None]
+#: One execution: (result, agent_started, reason, provider_trouble), and the kind the farm
+#: stored when it ended, for a re-run of one of the farm's kinds (contract/rerun_kinds.py).
+Try = (
+    tuple[str | None, bool, str | None, str | None]
+    | tuple[str | None, bool, str | None, str | None, str]
+)
 
 
 def _bed(session: Any, name: str = "b0") -> int:
@@ -136,13 +160,14 @@ def _attempt(
     session.add(attempt)
     session.flush()
     t0 = utcnow()
-    for number, (result, started, reason, trouble) in enumerate(tries, 1):
+    for number, (result, started, reason, trouble, *recorded) in enumerate(tries, 1):
         execution = Execution(
             attempt_id=attempt.id,
             bed_id=bed_id,
             number=number,
             result=result,
             reason=reason,
+            rerun_kind=recorded[0] if recorded else None,
             provider_trouble=trouble,
             agent_started=started,
             finished_at=t0,
@@ -281,11 +306,25 @@ def test_the_sql_case_agrees_with_the_function(store: Store) -> None:
             _attempt(
                 session, sid, bed, "t", "m", trial, "PASSED", [(result, True, reason, trouble)]
             )
+        # Stored kinds, beside text that names another kind (and an unknown stored value).
+        stored = [(kind, "provider trouble (x)") for kind in KINDS] + [("bogus", "farm error")]
+        for trial, (kind, reason) in enumerate(stored, len(REASONS)):
+            _attempt(
+                session, sid, bed, "t", "m", trial, "PASSED", [("RETRY", True, reason, None, kind)]
+            )
     with store.read() as session:
         rows = session.execute(
-            sa.select(Execution.reason, Execution.result, rerun_kind_sql()).order_by(Execution.id)
+            sa.select(
+                Execution.reason,
+                Execution.result,
+                Execution.provider_trouble,
+                Execution.rerun_kind,
+                rerun_kind_sql(),
+            ).order_by(Execution.id)
         ).all()
-    assert [kind for *_, kind in rows] == [kind for *_, kind in REASONS]
+    expected = [kind for *_, kind in REASONS] + [*KINDS, "other"]
+    assert [kind for *_, kind in rows] == expected
+    assert [rerun_kind(r, t, why, k) for why, r, t, k, _ in rows] == expected
 
 
 def test_every_format_states_it(report: dict[str, Any]) -> None:

@@ -263,3 +263,52 @@ def test_a_long_read_does_not_block_writers(tmp_path: Path) -> None:
         assert time.monotonic() - started < 2.0
     with store.read() as session:
         assert session.scalar(sa.select(Bed.name).where(Bed.name == "b-write")) == "b-write"
+
+
+def test_upgrade_stores_each_old_reruns_kind_as_it_was_read(tmp_path: Path) -> None:
+    """0019 stores the kind each re-run recorded before it had the reports read from its reason
+    then (farm kinds included), so history keeps its headline; later rows get it from the
+    verdict (contract/rerun_kinds.py), and outcomes get none."""
+    from alembic import command
+
+    from apg_farm.store.db import _alembic_config
+
+    rows = [
+        ("RETRY", "farm error: OperationalError: gone", None, "farm_error"),
+        ("RETRY", "verify_after: transport failed: reset", None, "link_failed"),
+        ("RETRY", "run: APG_X; reproduced by the farm's check (x)", None, "farm_reproduced"),
+        ("RETRY", "run: APG_CLAUDE_INSTALL_FAILED npm", None, "adapter_not_started"),
+        ("RETRY", "verify: transport failed: reset", None, "timeout_or_transport"),
+        ("RETRY", "something new", "rate_limited", "provider_trouble"),
+        ("RETRY", None, None, "other"),
+        ("LOST", "anything", None, "lease_lost"),
+        ("PASSED", "farm error in the text of a pass", None, None),
+    ]
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0018_claims")
+        add = conn.exec_driver_sql
+        # SQLite without foreign keys (a plain engine): no bed row is needed.
+        add(
+            "INSERT INTO sweeps (name, spec, spec_sha256, pool, state, created_at) "
+            "VALUES ('old', '{}', 'x', 'p', 'open', '2026-01-01 00:00:00')"
+        )
+        add(
+            "INSERT INTO attempts (sweep_id, task, model, trial, seq, pool, state, infra_failures,"
+            " deliveries, excluded_beds, created_at) VALUES (1, 't', 'm', 1, 0, 'p', 'done', 0, 0,"
+            " '[]', '2026-01-01 00:00:00')"
+        )
+        for number, (result, reason, trouble, _) in enumerate(rows, 1):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO executions (attempt_id, bed_id, number, started_at, result,"
+                    " reason, provider_trouble, agent_started) VALUES (1, 1, :n,"
+                    " '2026-01-01 00:00:00', :result, :reason, :trouble, 1)"
+                ),
+                {"n": number, "result": result, "reason": reason, "trouble": trouble},
+            )
+    store = Store(url)
+    with store.read() as session:
+        stored = session.scalars(sa.select(Execution.rerun_kind).order_by(Execution.number))
+        assert list(stored) == [kind for *_, kind in rows]

@@ -364,7 +364,9 @@ class AttemptEngine:
             except Exception as error:
                 # Whatever broke inside the farm (a soft time limit, a lost database) is not the
                 # model's doing: record it as an infrastructure failure and let the attempt retry.
-                verdict = Verdict("retry", f"farm error: {type(error).__name__}: {error}")
+                verdict = Verdict(
+                    "retry", f"farm error: {type(error).__name__}: {error}", farm_cause="farm_error"
+                )
             # However it ended, the run folder leaves the bed before the verdict is recorded.
             attempt.keeper.keep_at_end()
         # Every write is safe to repeat, so a database that drops mid-attempt costs a retry, not a record.
@@ -543,8 +545,10 @@ class _Attempt:
                 # Only a failed link gets here: the bed cannot be judged now, so the claim (if
                 # the run made one) is not judged either; the run's own reason is the one to give.
                 if run_verdict.action == "retry":
+                    # The run's retry keeps its own kind: a claim, a timeout (rerun_kinds).
                     return replace(run_verdict, claim=False, link_failure=True)
-                return verdict
+                # The agent is stopped: a link that fails now is the farm's to mend.
+                return replace(verdict, farm_cause="link_failed")
         if self.harness is None:
             # APG's adapter record is agent-writable: read only now, the agent stopped and the
             # bed verified. A harness's metering came with the end of its turn.

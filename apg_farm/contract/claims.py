@@ -144,6 +144,7 @@ def _judged(
                 f"the farm's own check reproduced {', '.join(config)} ({shown})" if config else None
             ),
             claims=verdict.claims,
+            farm_cause="farm_reproduced",
         )
     if by_claim and all(f is not None and f.result == Reproduced.NO for f in by_claim.values()):
         return Verdict(

@@ -167,6 +167,11 @@ class Verdict:
     #: A quarantine asked for by a claim the farm could not check: applied within the model's
     #: allowance (store/claim_gates.py), never to the pool.
     unchecked: str | None = None
+    #: Why a retry is the farm's own (rerun_kinds.FARM_KINDS: a farm error, a link that failed
+    #: after the agent was stopped, a claim the farm's check reproduced): set only where the farm
+    #: saw the cause, never from text; the headline does not count such a re-run against the
+    #: model.
+    farm_cause: str | None = None
 
 
 CONTINUE = Verdict("continue")

@@ -20,8 +20,10 @@ rate may be inflated. Every report states, per (task, model), per model and for 
   kind. A re-run the farm caused or observed (`FARM_KINDS`: a lost lease, a farm error, a failed
   link after the run, a claim the farm reproduced with its own check) costs the model nothing.
 
-Everything is aggregated by the database (rows per task, model, outcome and kind), and the
-classification is one SQL CASE built from the same rules as the Python function.
+Everything is aggregated by the database (rows per task, model, outcome and kind). A re-run's
+kind is the one stored when it ended (`executions.rerun_kind`, contract/rerun_kinds.py: the
+farm's kinds come from the verdict's fields, never from text); one SQL CASE reads it, the same
+as the Python function.
 """
 
 from __future__ import annotations
@@ -33,6 +35,18 @@ from sqlalchemy import ColumnElement, case, func, literal, select
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome
+
+# The kinds of re-run, the farm's (FARM_KINDS: the headline does not count them against the
+# model) and the agent's (SECOND_CHANCE_KINDS), decided when a re-run ends (rerun_kinds.py).
+from apg_farm.contract.rerun_kinds import (
+    FARM_KINDS as FARM_KINDS,
+)
+from apg_farm.contract.rerun_kinds import (
+    KINDS,
+    SECOND_CHANCE_KINDS,
+    TEXT_RULES,
+    stored_kind,
+)
 from apg_farm.results import queries
 from apg_farm.results.headline import final_figures, rate_figures
 from apg_farm.results.stats import wilson
@@ -45,70 +59,6 @@ RERUN_RESULTS = ("RETRY", "LOST")
 #: denominator: an agent may have bought retries until they ran out (ERROR) or broken its
 #: envelope (INVALID). SKIPPED comes from the escrowed grader, CANCELLED from the operator.
 ADDED_TO_DENOMINATOR = (Outcome.ERROR.value, Outcome.INVALID.value)
-
-#: The kinds of re-run, in report order; "other" takes whatever no rule names.
-KINDS = (
-    "provider_trouble",
-    "adapter_not_started",
-    "timeout_or_transport",
-    "grade_failed",
-    "lease_lost",
-    "farm_error",
-    "link_failed",
-    "farm_reproduced",
-    "other",
-)
-
-#: Re-runs the farm caused or observed itself: the agent cannot have bought them, so the
-#: headline does not count them against the model.
-FARM_KINDS = ("lease_lost", "farm_error", "link_failed", "farm_reproduced")
-
-#: Re-runs that rest on what the agent could write (its record, its output, its run's timing):
-#: the headline counts an attempt with one as not passed ("other" included: unknown is not the
-#: farm's word).
-SECOND_CHANCE_KINDS = tuple(kind for kind in KINDS if kind not in FARM_KINDS)
-
-#: Checks after the run whose failed link ends an execution as a retry (engine: "only a failed
-#: link gets here"): the farm's own transport failing, never a claim the run made.
-_AFTER_RUN_CHECKS = (
-    "ddev_check_after",
-    "ddev_check_stopped",
-    "processes_after",
-    "stop_agent",
-    "host_files",
-    "verify_after",
-)
-
-#: (kind, lower-case texts any of which in the lower-cased reason names it), first match wins.
-#: The reasons are the engine's and the outcome policy's (contract/outcomes.py, workers/engine.py).
-#: A claim the farm reproduced comes first: its reason keeps the claim's own words (a start
-#: token, "provider trouble") that later rules would name.
-REASON_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("farm_reproduced", ("reproduced by the farm's check",)),
-    ("provider_trouble", ("provider trouble",)),
-    ("lease_lost", ("lease expired",)),
-    ("farm_error", ("farm error",)),
-    ("link_failed", tuple(f"{check}: transport failed" for check in _AFTER_RUN_CHECKS)),
-    (
-        "adapter_not_started",
-        (
-            "adapter could not start",
-            "adapter never started",
-            "before the adapter started",
-            "run: apg_",
-        ),
-    ),
-    (
-        "timeout_or_transport",
-        (
-            "transport failed",
-            "no result before the sweep's",
-            "ddev could not start the project",
-            "ddev does not know the command",
-        ),
-    ),
-    ("grade_failed", ("grade could not run",)),
-)
 
 #: Keys every cell and model row gets.
 CELL_KEYS = (
@@ -128,28 +78,26 @@ CELL_KEYS = (
 )
 
 
-def rerun_kind(result: str | None, provider_trouble: str | None, reason: str | None) -> str:
-    """The kind of one re-run from its result, provider trouble and reason (see REASON_RULES).
-
-    A LOST execution is a lost lease whatever its reason says (its worker or bed stopped
-    answering, or the reconciler took it back); provider trouble is named by the reason the
-    engine gave the RETRY, with the kind kept in `provider_trouble` as a fallback."""
-    if result == "LOST":
-        return "lease_lost"
-    text = (reason or "").lower()
-    for kind, needles in REASON_RULES:
-        if any(needle in text for needle in needles):
-            return kind
-    if provider_trouble:
-        return "provider_trouble"
-    return "other"
+def rerun_kind(
+    result: str | None,
+    provider_trouble: str | None,
+    reason: str | None,
+    recorded: str | None = None,
+) -> str:
+    """The kind of one stored re-run (rerun_kinds.stored_kind): LOST is a lost lease, else the
+    kind recorded when it ended; a row without one, what its reason names among the agent's
+    kinds (never a farm kind: text can carry what the agent wrote)."""
+    return stored_kind(result, recorded, reason, provider_trouble)
 
 
 def rerun_kind_sql() -> ColumnElement[str]:
     """`rerun_kind` of an execution row, as a SQL CASE (the same rules, in the same order)."""
     text = func.lower(func.coalesce(Execution.reason, ""))
-    whens: list[tuple[ColumnElement[bool], Any]] = [(Execution.result == "LOST", "lease_lost")]
-    for kind, needles in REASON_RULES:
+    whens: list[tuple[ColumnElement[bool], Any]] = [
+        (Execution.result == "LOST", "lease_lost"),
+        (Execution.rerun_kind.in_(KINDS), Execution.rerun_kind),
+    ]
+    for kind, needles in TEXT_RULES:
         for needle in needles:
             whens.append((text.contains(needle, autoescape=True), kind))
     whens.append((Execution.provider_trouble.is_not(None), "provider_trouble"))

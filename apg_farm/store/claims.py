@@ -547,6 +547,10 @@ def _requeue(session: Session, ids: list[int]) -> None:
     session.execute(
         update(Execution)
         .where(Execution.attempt_id.in_(ids), Execution.result.is_(None))
-        .values(result="LOST", reason="lease expired: the bed or its worker stopped answering")
+        .values(
+            result="LOST",
+            rerun_kind="lease_lost",
+            reason="lease expired: the bed or its worker stopped answering",
+        )
         .execution_options(synchronize_session=False)
     )

@@ -51,6 +51,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict, envelope_provenance
+from apg_farm.contract.rerun_kinds import rerun_kind_of
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import SweepSpec
 from apg_farm.store.canaries import (
@@ -192,7 +193,7 @@ def record_verdict(
         ):
             # The lease expired and the attempt moved on: keep this try (its run id, score and
             # envelope) as history only; the attempt is the new holder's.
-            execution.result = "LOST"
+            execution.result, execution.rerun_kind = "LOST", "lease_lost"
             if taken_back:
                 execution.reason = f"{taken_back}; it finished later: {verdict.reason}"
             quarantine(session, bed, reasons)
@@ -219,6 +220,7 @@ def record_verdict(
             # lock order; before the model gates, which pace_model takes).
             finish_if_final(store, session, row.sweep_id)
         execution.result = outcome or "RETRY"
+        execution.rerun_kind = None if outcome is not None else rerun_kind_of(verdict)
         done = _unchecked(store, session, bed, claim, evidence, verdict)
         if done is not None:
             row.reason = f"{row.reason}; {done}" if row.reason else done
@@ -247,7 +249,7 @@ def record_lost(store: Store, claim: Claim, evidence: Evidence) -> Recorded:
         execution = session.get_one(Execution, claim.execution_id)
         _fill(session, execution, evidence, verdict)
         _mark_bed(bed, evidence)
-        execution.result = "LOST"
+        execution.result, execution.rerun_kind = "LOST", "lease_lost"
         add_spend(store, session, claim.sweep_id, execution.cost_usd)
         # What this bed showed while it held the attempt still stands: quarantine it.
         quarantine(session, bed, evidence.quarantines)

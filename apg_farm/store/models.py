@@ -401,11 +401,16 @@ class Execution(Base):
     number: Mapped[int] = mapped_column(Integer)
     worker: Mapped[str | None] = mapped_column(String(255))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: Indexed: the outage judgement reads the runs that ended since a claim (store/outages.py),
+    #: a range that must not grow with the store's history.
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
     run_id: Mapped[str | None] = mapped_column(String(255))
     #: The execution's verdict: an outcome, or RETRY when an infrastructure failure sent it elsewhere.
     result: Mapped[str | None] = mapped_column(String(20))
     reason: Mapped[str | None] = mapped_column(Text)
+    #: Why a RETRY or LOST execution was run again (contract/rerun_kinds.py), decided from the
+    #: verdict's fields when it ended, never from its reason's text. NULL for an outcome.
+    rerun_kind: Mapped[str | None] = mapped_column(String(32))
     score: Mapped[float | None] = mapped_column(Float)
     max_score: Mapped[float | None] = mapped_column(Float)
     envelope: Mapped[bytes | None] = mapped_column(LargeBinary)

@@ -1,0 +1,97 @@
+"""Why an execution was run again: its kind, decided once, from what the farm itself knows.
+
+A re-run is a second chance. Whether the model pays for it in the headline (results/headline.py)
+depends on its kind: a kind the farm caused or observed itself (`FARM_KINDS`) costs the model
+nothing, any other may have been bought by the agent. The farm's kinds therefore come only from
+the verdict's own fields, set where the farm saw the cause (`Verdict.farm_cause`): a farm error
+caught by the worker, a failed link in a check after the agent was stopped, a claim its own check
+reproduced. They are never read from a reason's text, which can carry what the agent wrote (a
+token's detail, an adapter's error message, a site's output): text only names which of the
+agent's kinds a re-run was, for the report. The kind is stored with the execution
+(`executions.rerun_kind`) when it ends, and reports read that column.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apg_farm.contract.outcomes import Verdict
+
+#: The kinds of re-run, in report order; "other" takes whatever no rule names.
+KINDS = (
+    "provider_trouble",
+    "adapter_not_started",
+    "timeout_or_transport",
+    "grade_failed",
+    "lease_lost",
+    "farm_error",
+    "link_failed",
+    "farm_reproduced",
+    "other",
+)
+
+#: Re-runs the farm caused or observed itself: the agent cannot have bought them.
+FARM_KINDS = ("lease_lost", "farm_error", "link_failed", "farm_reproduced")
+
+#: Re-runs that rest on what the agent could write (its record, its output, its run's timing):
+#: the headline counts an attempt with one as not passed ("other" included: unknown is not the
+#: farm's word).
+SECOND_CHANCE_KINDS = tuple(kind for kind in KINDS if kind not in FARM_KINDS)
+
+#: (kind, lower-case texts any of which in the lower-cased reason names it), first match wins.
+#: Only the agent's kinds: a text can never make a re-run the farm's.
+TEXT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("provider_trouble", ("provider trouble",)),
+    (
+        "adapter_not_started",
+        (
+            "adapter could not start",
+            "adapter never started",
+            "before the adapter started",
+            "run: apg_",
+        ),
+    ),
+    (
+        "timeout_or_transport",
+        (
+            "transport failed",
+            "no result before the sweep's",
+            "ddev could not start the project",
+            "ddev does not know the command",
+        ),
+    ),
+    ("grade_failed", ("grade could not run",)),
+)
+
+
+def kind_of_text(reason: str | None, provider_trouble: str | None = None) -> str:
+    """Which of the agent's kinds a reason names ("other" when none): never a farm kind."""
+    text = (reason or "").lower()
+    for kind, needles in TEXT_RULES:
+        if any(needle in text for needle in needles):
+            return kind
+    return "provider_trouble" if provider_trouble else "other"
+
+
+def rerun_kind_of(verdict: Verdict) -> str:
+    """The kind of a retry verdict: the farm's cause when the farm set one, else the agent's
+    kind its provider trouble or reason names."""
+    if verdict.farm_cause is not None:
+        return verdict.farm_cause
+    return kind_of_text(verdict.reason, verdict.provider_trouble)
+
+
+def stored_kind(
+    result: str | None,
+    recorded: str | None,
+    reason: str | None,
+    provider_trouble: str | None = None,
+) -> str:
+    """The kind of a stored re-run: a LOST execution is a lost lease; otherwise the kind recorded
+    when it ended, or (a row without one) what its reason names among the agent's kinds."""
+    if result == "LOST":
+        return "lease_lost"
+    if recorded in KINDS:
+        return recorded
+    return kind_of_text(reason, provider_trouble)
