@@ -145,6 +145,32 @@ def test_a_model_printing_token_leaks_takes_one_bed_then_is_paused(
     assert gate["model"] == GAMER and "revoke the token" in gate["reason"]
 
 
+def test_a_leak_alarm_beside_a_provider_outage_buys_no_re_run(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """The gamer, when failing, prints APG_CLAUDE_TOKEN_LEAKED and writes a provider outage into
+    the adapter's record (quick, the site as reset left it), its provider's only model here. A
+    run that asks for a quarantine on its word is no outage: before, the first such claim was
+    believed (a new outage) and re-run. Its second leak pauses it (claim_gates)."""
+    honest, gamer, beds, paused = _play(
+        sqlite_store,
+        tmp_path,
+        {"how": "leak_token", "only_failing": True, "then": "provider_revert"},
+    )
+    print(f"\nhonest: {honest}\ngamer:  {gamer}\npaused: {paused}")
+    assert gamer.reruns == 0 and gamer.outside == 0, gamer
+    assert honest.counted == honest.attempts == len(TASKS) * TRIALS
+    [lost] = _quarantined(beds)
+    assert "revoke the token" in lost, lost
+    with sqlite_store.read() as session:
+        troubled = session.scalars(
+            select(Execution.reason)
+            .join(Attempt, Attempt.id == Execution.attempt_id)
+            .where(Attempt.model == GAMER, Execution.provider_trouble.is_not(None))
+        ).all()
+    assert troubled, "the gamer never wrote an outage"
+
+
 @pytest.mark.parametrize(
     ("fault", "token"),
     [
