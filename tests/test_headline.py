@@ -20,9 +20,11 @@ import sqlalchemy as sa
 
 from apg_farm.results import analyse, find_sweep, render_html, report_csv, sweep_report
 from apg_farm.results.export import aggregate_envelope
+from apg_farm.results.listing import list_sweeps
 from apg_farm.results.second_chance import FARM_KINDS, SECOND_CHANCE_KINDS, rerun_kind
 from apg_farm.results.stats import wilson
-from apg_farm.store import Attempt, Execution, Store
+from apg_farm.results.watch import watch_snapshot
+from apg_farm.store import Attempt, Execution, Store, stopping
 from tests.cli_runner import run_main
 from tests.test_second_chance import Try, _attempt, _bed, _sweep, graded
 
@@ -207,6 +209,34 @@ def test_every_format_leads_with_the_headline(store: Store) -> None:
     details = result["score_details"]["details"]
     assert float(details["final_rate_with_reruns"]) == pytest.approx(7 / 8)
     assert float(details["lower_bound_rate"]) == pytest.approx(0.3)
+
+
+def test_the_comparison_stopping_live_view_and_sweeps_list_read_the_headline(
+    store: Store,
+) -> None:
+    """What a user sees while a sweep runs and what decides it: the in-sweep comparison, the
+    stopping rule's pairs, `sweep status --watch` (and the dashboard's sweep page) and
+    `sweep list` count a pass after a second chance the agent could have bought as a failure,
+    and keep an ERROR or INVALID after one in the denominator."""
+    sid = build(store, "views", gamer_tries(GAMER_RUNS))
+    sweep = find_sweep(store, "views")
+    [pair] = analyse(store, sweep)["comparisons"]
+    rates = {pair["model_a"]: pair["rate_a"], pair["model_b"]: pair["rate_b"]}
+    assert pair["pairs"] == 10  # the gamer's ERROR and INVALID after a claim are paired too
+    assert rates == pytest.approx({GAMER: 0.3, HONEST: 0.7})
+    assert pair["diff"] == pytest.approx(0.4 if pair["model_a"] == HONEST else -0.4)
+
+    with store.read() as session:
+        cells = stopping._cells(session, sid, (GAMER, HONEST), 0)
+    gamer = [cell[GAMER][1] for cell in cells.values()]
+    assert gamer.count("PASSED") == 3 and gamer.count("FAILED") == 7, gamer
+
+    rows = {r["model"]: r for r in watch_snapshot(store, sid)["models"]}
+    assert (rows[GAMER]["passed"], rows[GAMER]["counted"]) == (3, 10)
+    assert (rows[HONEST]["passed"], rows[HONEST]["counted"]) == (7, 10)
+    [listed] = [s for s in list_sweeps(store).sweeps if s["name"] == "views"]
+    assert (listed["passed"], listed["counted"]) == (10, 20)
+    assert listed["pass_rate"] == pytest.approx(0.5)
 
 
 # --- through the CLI, as a user runs it ----------------------------------------------------------

@@ -170,6 +170,21 @@ def _headline_counts(store: Store, sweep: Sweep) -> dict[tuple[str, str], tuple[
                 Attempt.sweep_id == sweep.id
             )
         ).all()
+    bought = _bought(store, sweep)
+    counts: dict[tuple[str, str], list[int]] = {}
+    for attempt_id, task, model, outcome in attempts:
+        found = counts.setdefault((task, model), [0, 0])
+        had = attempt_id in bought
+        if outcome == Outcome.PASSED and not had:
+            found[0] += 1
+        if outcome in COUNTED or (had and outcome in (Outcome.ERROR, Outcome.INVALID)):
+            found[1] += 1
+    return {key: (passed, n) for key, (passed, n) in counts.items()}
+
+
+def _bought(store: Store, sweep: Sweep) -> set[int]:
+    """The attempts with a re-run after the agent started of a kind not the farm's."""
+    with store.read() as session:
         executions = session.execute(
             select(
                 Execution.attempt_id,
@@ -187,15 +202,7 @@ def _headline_counts(store: Store, sweep: Sweep) -> dict[tuple[str, str], tuple[
         rerun = started and result in ("RETRY", "LOST")
         if rerun and rerun_kind(result, trouble, reason, recorded) not in FARM:
             bought.add(attempt_id)
-    counts: dict[tuple[str, str], list[int]] = {}
-    for attempt_id, task, model, outcome in attempts:
-        found = counts.setdefault((task, model), [0, 0])
-        had = attempt_id in bought
-        if outcome == Outcome.PASSED and not had:
-            found[0] += 1
-        if outcome in COUNTED or (had and outcome in (Outcome.ERROR, Outcome.INVALID)):
-            found[1] += 1
-    return {key: (passed, n) for key, (passed, n) in counts.items()}
+    return bought
 
 
 def _with_headline(
@@ -332,7 +339,15 @@ def row_by_row(store: Store, sweep: Sweep, k: int | None = None) -> dict[str, An
     models = [m for m in spec.get("models", []) if any(c["model"] == m for c in cells)]
     models += sorted({c["model"] for c in cells} - set(models))
     by_attempt = {a.id: a for a in attempts}
-    outcome_of = {(a.task, a.model, a.trial): a.outcome for a in attempts if a.outcome}
+    # The comparisons pair what the headline counts: after a second chance, a failure.
+    bought = _bought(store, sweep)
+    outcome_of = {
+        (a.task, a.model, a.trial): "FAILED"
+        if a.id in bought and a.outcome in ("PASSED", "ERROR", "INVALID")
+        else a.outcome
+        for a in attempts
+        if a.outcome
+    }
     durations: dict[str, list[float]] = defaultdict(list)
     for name, duration in phases:
         durations[name].append(float(duration))

@@ -111,10 +111,9 @@ def models_table(report: dict[str, Any]) -> Table:
 
 def comparisons_table(report: dict[str, Any]) -> Table:
     """Pairwise model comparisons: paired difference, Newcombe interval, exact McNemar p, Holm."""
-    # Not yet the headline: the pairs are the final outcomes' (docs/analysis.md).
     table = Table(
-        title="pairwise comparison (paired over shared task × trial cells; final outcomes, "
-        "with re-runs)"
+        title="pairwise comparison (paired over shared task × trial cells; headline: a pass "
+        "after a re-run the agent could have bought is a failure)"
     )
     for name in ("model A", "model B"):
         table.add_column(name, no_wrap=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from apg_farm.contract.outcomes import Outcome
+
 if TYPE_CHECKING:
     from apg_farm.contract.outcomes import Verdict
 
@@ -95,3 +97,14 @@ def stored_kind(
     if recorded in KINDS:
         return recorded
     return kind_of_text(reason, provider_trouble)
+
+
+#: Outcomes an attempt with a second chance is a failure with, in the headline: a pass it may
+#: have bought, and retries run out (ERROR) or an envelope broken (INVALID) after one.
+_BOUGHT_FAILS = (Outcome.PASSED, Outcome.ERROR, Outcome.INVALID)
+
+
+def headline_outcome(outcome: str | None, bought: bool) -> str | None:
+    """The attempt's outcome as the headline counts it: after a second chance the agent could
+    have bought, a PASSED, ERROR or INVALID is FAILED (counted, not passed)."""
+    return Outcome.FAILED.value if bought and outcome in _BOUGHT_FAILS else outcome

@@ -6,9 +6,10 @@ import csv
 import io
 from typing import Any
 
+from apg_farm.contract.rerun_kinds import KINDS
 from apg_farm.results.costs import TOKENS
 from apg_farm.results.report import CELL_COUNTS
-from apg_farm.results.second_chance import CELL_KEYS, KINDS
+from apg_farm.results.second_chance import CELL_KEYS
 
 #: CSV columns, one row per (task, model).
 CSV_COLUMNS = (

@@ -533,7 +533,7 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 {cost_section(report)}
 
 <h2>Pairwise comparison</h2>
-{_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "95% CI (task-clustered)", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have a counted outcome for, on their final outcomes (with re-runs, not the headline). The first interval is Newcombe's for paired proportions, every pair independent; the task-clustered one takes the tasks as clusters; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}
+{_table("comparisons-table", ["model A", "model B", "pairs", "both / A only / B only / neither", "A", "B", "A − B", "95% CI", "95% CI (task-clustered)", "p (McNemar exact)", "p (Holm)"], comparison_rows, left=2, caption=f"Paired over the (task, trial) cells both models have an outcome the headline counts for, as the headline counts them (a pass after a re-run the agent could have bought is a failure). The first interval is Newcombe's for paired proportions, every pair independent; the task-clustered one takes the tasks as clusters; p is the exact McNemar (sign) test on the discordant pairs, Holm-adjusted over {len(comparisons)} comparisons. An interval that crosses 0 does not decide which model is better.")}
 {stop_section(report)}
 
 <h2>Phase durations (seconds)</h2>

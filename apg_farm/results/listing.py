@@ -14,9 +14,10 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import load_only
 
-from apg_farm.contract import COUNTED, Outcome
+from apg_farm.contract import Outcome
 from apg_farm.errors import BadInput
 from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState
+from apg_farm.store.second_chances import headline_counted_sql, headline_passed_sql
 
 #: Sweeps per page unless asked otherwise, and the most one page holds.
 SWEEPS_PAGE = 50
@@ -87,8 +88,9 @@ def list_sweeps(
 ) -> SweepPage:
     """The newest sweeps (ids below `before`, in `state` if given), each with its figures.
 
-    The pass rate is PASSED over the outcomes that count (docs/outcomes.md), None before any
-    attempt is graded; TAMPERED, INVALID and ERROR are counted apart; spend is the running total
+    The pass rate is the headline's (results/headline.py): PASSED over the outcomes that count
+    (docs/outcomes.md), an attempt with a second chance the agent could have bought counted as
+    not passed; None before any attempt is graded; TAMPERED, INVALID and ERROR are counted apart; spend is the running total
     the farm keeps as executions are recorded.
     """
     state = check_state(state)
@@ -115,6 +117,9 @@ def list_sweeps(
                     _count_of(Attempt.state == AttemptState.RUNNING),
                     _count_of(Attempt.state == AttemptState.QUEUED),
                     *(_count_of(Attempt.outcome == o.value) for o in outcomes),
+                    # The headline's corrections (store/second_chances.py).
+                    _count_of(headline_passed_sql()),
+                    _count_of(headline_counted_sql()),
                 )
                 .where(Attempt.sweep_id.in_([s.id for s in sweeps]))
                 .group_by(Attempt.sweep_id)
@@ -125,12 +130,10 @@ def list_sweeps(
 
 
 def _row(sweep: Sweep, figures: Any, outcomes: list[Outcome]) -> dict[str, Any]:
-    total, done, running, queued, *by_outcome = (
-        [int(v) for v in figures] if figures else [0] * (4 + len(outcomes))
+    total, done, running, queued, *by_outcome, passed, counted = (
+        [int(v) for v in figures] if figures else [0] * (6 + len(outcomes))
     )
     counts = {o.value: n for o, n in zip(outcomes, by_outcome, strict=True) if n}
-    counted = sum(counts.get(o.value, 0) for o in COUNTED)
-    passed = counts.get(Outcome.PASSED.value, 0)
     return {
         "id": sweep.id,
         "name": sweep.name,

@@ -33,8 +33,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import COUNTED, Outcome
+from apg_farm.contract import Outcome
 from apg_farm.store import Attempt, AttemptState, Execution, Phase
+from apg_farm.store.second_chances import bought_sql, headline_counted_sql, headline_passed_sql
 
 #: Trials per bit mask of the pairing query: a sum of distinct powers of two below 2^60 fits the
 #: signed 64-bit integers of SQLite and PostgreSQL.
@@ -50,12 +51,16 @@ UNTRUSTED_VERIFY = (Phase.name == "verify_after") & cast(Phase.argv, Text).conta
 )
 
 
-def attempt_counts(session: Session, sweep_id: int, *by: Any) -> list[tuple[Any, ...]]:
-    """Attempts counted per (*by, state, outcome): rows (*by values, state, outcome, count)."""
+def attempt_counts(
+    session: Session, sweep_id: int, *by: Any, bought: bool = False
+) -> list[tuple[Any, ...]]:
+    """Attempts counted per (*by, state, outcome): rows (*by values, state, outcome, count), and
+    with `bought` how many of them had a second chance the agent could have bought."""
+    extra = [func.sum(case((bought_sql(), 1), else_=0))] if bought else []
     return [
         tuple(row)
         for row in session.execute(
-            select(*by, Attempt.state, Attempt.outcome, func.count())
+            select(*by, Attempt.state, Attempt.outcome, func.count(), *extra)
             .where(Attempt.sweep_id == sweep_id)
             .group_by(*by, Attempt.state, Attempt.outcome)
         )
@@ -121,7 +126,8 @@ def _tally_cells(session: Session, sweep_id: int) -> dict[tuple[str, str], Count
 def attempt_tally(session: Session, sweep_id: int, *, pairs: bool = False) -> Tally:
     """The cells, and with `pairs` every pair of models, in one pass over the attempts.
 
-    A pair is compared over the (task, trial) cells where both models have a counted outcome.
+    A pair is compared over the (task, trial) cells where both models have an outcome the
+    headline counts, passed as the headline says (store/second_chances.py).
     The database groups the attempts by (task, model, trial // WORD) and returns, per group, the
     count of each known outcome and state and two bit masks of its trials (counted, passed); a
     pair's 2x2 table is then popcounts of the masks ANDed word by word. Rows returned: attempts
@@ -132,7 +138,10 @@ def attempt_tally(session: Session, sweep_id: int, *, pairs: bool = False) -> Ta
     keys = [Attempt.outcome == key for key in OUTCOME_KEYS] + [
         Attempt.outcome.is_(None) & (Attempt.state == state) for state in STATE_KEYS
     ]
-    counted = Attempt.outcome.in_(sorted(COUNTED))
+    # The pairs compare what the headline counts (store/second_chances.py): an attempt with a
+    # second chance the agent could have bought is a failure, ERROR and INVALID ones included.
+    bought = bought_sql()
+    counted = headline_counted_sql(bought)
     word = Attempt.trial // WORD
     stmt = (
         select(
@@ -142,7 +151,7 @@ def attempt_tally(session: Session, sweep_id: int, *, pairs: bool = False) -> Ta
             func.count(),
             *(_count(key) for key in keys),
             _trial_bits(counted),
-            _trial_bits(Attempt.outcome == Outcome.PASSED),
+            _trial_bits(headline_passed_sql(bought)),
         )
         .where(Attempt.sweep_id == sweep_id)
         .group_by(Attempt.task, Attempt.model, word)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, literal, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome
@@ -44,21 +44,20 @@ from apg_farm.contract.rerun_kinds import (
 from apg_farm.contract.rerun_kinds import (
     KINDS,
     SECOND_CHANCE_KINDS,
-    TEXT_RULES,
     stored_kind,
 )
 from apg_farm.results import queries
 from apg_farm.results.headline import final_figures, rate_figures
 from apg_farm.results.stats import wilson
 from apg_farm.store import Attempt, Execution
-
-#: Execution results that gave the attempt no outcome: it was run again.
-RERUN_RESULTS = ("RETRY", "LOST")
-
-#: Outcomes outside the pass rate that a re-run attempt still adds to the lower bound's
-#: denominator: an agent may have bought retries until they ran out (ERROR) or broken its
-#: envelope (INVALID). SKIPPED comes from the escrowed grader, CANCELLED from the operator.
-ADDED_TO_DENOMINATOR = (Outcome.ERROR.value, Outcome.INVALID.value)
+from apg_farm.store.second_chances import (
+    ADDED_TO_DENOMINATOR,
+    rerun_kind_sql,
+    second_chance_sql,
+)
+from apg_farm.store.second_chances import (
+    rerun_sql as _rerun,
+)
 
 #: Keys every cell and model row gets.
 CELL_KEYS = (
@@ -88,30 +87,6 @@ def rerun_kind(
     kind recorded when it ended; a row without one, what its reason names among the agent's
     kinds (never a farm kind: text can carry what the agent wrote)."""
     return stored_kind(result, recorded, reason, provider_trouble)
-
-
-def rerun_kind_sql() -> ColumnElement[str]:
-    """`rerun_kind` of an execution row, as a SQL CASE (the same rules, in the same order)."""
-    text = func.lower(func.coalesce(Execution.reason, ""))
-    whens: list[tuple[ColumnElement[bool], Any]] = [
-        (Execution.result == "LOST", "lease_lost"),
-        (Execution.rerun_kind.in_(KINDS), Execution.rerun_kind),
-    ]
-    for kind, needles in TEXT_RULES:
-        for needle in needles:
-            whens.append((text.contains(needle, autoescape=True), kind))
-    whens.append((Execution.provider_trouble.is_not(None), "provider_trouble"))
-    return case(*whens, else_=literal("other"))
-
-
-def _rerun() -> ColumnElement[bool]:
-    return Execution.agent_started.is_(True) & Execution.result.in_(RERUN_RESULTS)
-
-
-def second_chance_sql() -> ColumnElement[bool]:
-    """An execution that is a re-run after the agent started of a kind the agent could have
-    bought (SECOND_CHANCE_KINDS): what the headline counts against its attempt."""
-    return _rerun() & rerun_kind_sql().in_(SECOND_CHANCE_KINDS)
 
 
 def _count(condition: ColumnElement[bool]) -> ColumnElement[int]:

@@ -33,6 +33,7 @@ from apg_farm.store import (
     pace_status,
 )
 from apg_farm.store import utcnow as _utcnow
+from apg_farm.store.second_chances import ADDED_TO_DENOMINATOR as ADDED
 
 #: Executions, the latest finished, whose median duration paces the ETA.
 PACE = 1000
@@ -43,7 +44,7 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
     now = now or _utcnow()
     with store.read() as session:
         sweep = session.get_one(Sweep, sweep_id)
-        attempts = attempt_counts(session, sweep_id, Attempt.model)
+        attempts = attempt_counts(session, sweep_id, Attempt.model, bought=True)
         running = session.execute(
             select(
                 Bed.name,
@@ -100,13 +101,16 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
             "error": 0,
         }
     )
-    for model, state, outcome, count in attempts:
+    for model, state, outcome, count, bought in attempts:
         row = per_model[model]
         row["total"] += count
         row["done"] += count * (state == AttemptState.DONE)
         row["running"] += count * (state == AttemptState.RUNNING)
-        row["passed"] += count * (outcome == Outcome.PASSED)
-        row["counted"] += count * (outcome in COUNTED)
+        # The headline's counts (store/second_chances.py): a pass after a second chance the
+        # agent could have bought is a failure, and ERROR or INVALID after one still counts.
+        bought = int(bought or 0)
+        row["passed"] += (count - bought) * (outcome == Outcome.PASSED)
+        row["counted"] += count * (outcome in COUNTED) + bought * (outcome in ADDED)
         row["invalid"] += count * (outcome == Outcome.INVALID)
         row["error"] += count * (outcome == Outcome.ERROR)
     order = {m: i for i, m in enumerate(sweep.spec.get("models", []))}
@@ -137,9 +141,9 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
             }
         )
 
-    total = sum(count for *_, count in attempts)
-    done = sum(count for _, state, _, count in attempts if state == AttemptState.DONE)
-    queued = sum(count for _, state, _, count in attempts if state == AttemptState.QUEUED)
+    total = sum(count for _, _, _, count, _ in attempts)
+    done = sum(count for _, state, _, count, _ in attempts if state == AttemptState.DONE)
+    queued = sum(count for _, state, _, count, _ in attempts if state == AttemptState.QUEUED)
     active = sum(1 for _, state, _ in beds if state == BedState.ACTIVE)
     typical = quantile(durations, 0.5)
     eta: float | None = None

@@ -25,11 +25,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import COUNTED, Outcome
+from apg_farm.contract.rerun_kinds import headline_outcome
 from apg_farm.sequential import Decision, Rule, Tally, describe, judge
 from apg_farm.specs import StopSpec, SweepSpec
 from apg_farm.store.db import Store
 from apg_farm.store.models import Attempt, AttemptState, Sweep, utcnow
 from apg_farm.store.rules import cancel_queued
+from apg_farm.store.second_chances import bought_sql
 
 #: The sweeps.meta key holding the comparison's state: cursor, last look, decision.
 STOP = "stop"
@@ -126,15 +128,22 @@ Cell = dict[str, tuple[str, str | None]]
 def _cells(
     session: Session, sweep_id: int, models: tuple[str, str], start: int
 ) -> dict[tuple[int, str], Cell]:
-    """The compared models' attempts from trial `start` on, by (trial, task)."""
+    """The compared models' attempts from trial `start` on, by (trial, task), each outcome as
+    the headline counts it: a model that buys second chances cannot win the comparison with
+    them (store/second_chances.py)."""
     rows = session.execute(
-        select(Attempt.trial, Attempt.task, Attempt.model, Attempt.state, Attempt.outcome).where(
-            Attempt.sweep_id == sweep_id, Attempt.model.in_(models), Attempt.trial >= start
-        )
+        select(
+            Attempt.trial,
+            Attempt.task,
+            Attempt.model,
+            Attempt.state,
+            Attempt.outcome,
+            bought_sql(),
+        ).where(Attempt.sweep_id == sweep_id, Attempt.model.in_(models), Attempt.trial >= start)
     )
     cells: dict[tuple[int, str], Cell] = {}
-    for trial, task, model, state, outcome in rows:
-        cells.setdefault((trial, task), {})[model] = (state, outcome)
+    for trial, task, model, state, outcome, bought in rows:
+        cells.setdefault((trial, task), {})[model] = (state, headline_outcome(outcome, bought))
     return cells
 
 
