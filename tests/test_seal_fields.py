@@ -131,6 +131,7 @@ def _build(store: Store, root: Path) -> World:
         "attempt": attempt_names[attempt.id],
         "execution": execution_names[execution.id],
         "envelope": f"{execution_names[execution.id]}/envelope",
+        "rerun_kind": f"{execution_names[execution.id]}/rerun_kind",
         "phase": phase_names[reset.id],
         "stdout": f"{phase_names[reset.id]}/stdout",
         "stderr": f"{phase_names[reset.id]}/stderr",
@@ -303,6 +304,8 @@ ROWS: list[Row] = [
             "bed_seconds",
         ),
     ),
+    # A re-run's kind is its own artifact, only when set: the headline reads it (second_chances.py).
+    Row(Execution, "rerun_kind", "farm_error", ("added", "rerun_kind")),
     Row(Execution, "envelope", lambda old, _w: old + b"\n", ("changed", "envelope")),
     Row(Execution, "envelope", lambda old, _w: old.replace(b"5", b"4", 1), ("changed", "envelope")),
     Row(Execution, "envelope", b"", ("changed", "envelope")),
@@ -837,6 +840,21 @@ def test_a_malformed_manifest_is_refused_clearly(
     assert "\n" not in result.problems[0]
     # A listing that cannot be read is not compared; a readable one is, and matches the store.
     assert (result.missing, result.changed, result.added) == ([], [], [])
+
+
+def test_a_manifest_sealed_before_rerun_kinds_is_not_compared_on_them(
+    world: World, tmp_path: Path
+) -> None:
+    """A seal made before re-run kinds were sealed (no `covers`) still verifies once migration 0019
+    has given its re-runs a kind; a manifest that covers them names the kind set since."""
+    doc = _manifest(world)
+    assert doc["covers"] == ["rerun_kind"]
+    del doc["covers"]
+    with changed(world, Execution, "rerun_kind", "farm_error"):
+        _, old = _verify_file(world, json.dumps(doc).encode(), tmp_path)
+        assert old.ok, old.lines()
+        _, covering = _verify_file(world, world.manifest.read_bytes(), tmp_path)
+        assert covering.lines() == [f"added: {world.names['rerun_kind']}"]
 
 
 def test_a_listing_that_lost_an_entry_is_named_twice(world: World, tmp_path: Path) -> None:

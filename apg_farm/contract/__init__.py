@@ -7,7 +7,8 @@ and diff JSON, the escrow path), `site` (the diff as evidence), `usage` (the ada
 `envelope` (the every_eval_ever grade) and `provenance` (the bounded strings reports tally from an
 envelope); `pins` judges an envelope's dataset and task hashes against the ones pinned at
 baseline; `outcomes` is the outcome policy; `claims` believes a run's claim only when a
-check of the farm's reproduces it; `bedenv` is the environment a bed command gets. Used as `contract.run(...)`.
+check of the farm's reproduces it; `rerun_kinds` names why a re-run was run again, stored when it
+ends; `bedenv` is the environment a bed command gets. Used as `contract.run(...)`.
 Imports only transports.
 """
 
@@ -108,6 +109,16 @@ from apg_farm.contract.reports import (
     parse_escrow_path,
     parse_json_report,
 )
+from apg_farm.contract.rerun_kinds import (
+    FARM_KINDS,
+    KINDS,
+    SECOND_CHANCE_KINDS,
+    TEXT_RULES,
+    headline_outcome,
+    kind_of_text,
+    rerun_kind_of,
+    stored_kind,
+)
 from apg_farm.contract.runs import (
     RunIdDiscovery,
     discover_run_id,
@@ -132,9 +143,11 @@ __all__ = [
     "COUNTED",
     "DDEV_FOLDER_MISSING",
     "ESCROW_SET_MISSING",
+    "FARM_KINDS",
     "FINGERPRINTS",
     "FORCED",
     "GRADED",
+    "KINDS",
     "MAX_ENVELOPE_BYTES",
     "MAX_PROVENANCE_VALUE",
     "PINNED_FIELDS",
@@ -142,6 +155,8 @@ __all__ = [
     "PROVENANCE_LIBRARY",
     "SAFE_ARG",
     "SCHEMA_VERSION",
+    "SECOND_CHANCE_KINDS",
+    "TEXT_RULES",
     "TOKENS",
     "UNESCROWED",
     "UNFINGERPRINTED",
@@ -173,6 +188,7 @@ __all__ = [
     "envelope_provenance",
     "escrow",
     "grade",
+    "headline_outcome",
     "is_credential_shaped",
     "is_farm_setting",
     "judge_at_baseline",
@@ -187,6 +203,7 @@ __all__ = [
     "judge_run",
     "judge_verify_after",
     "judge_verify_before",
+    "kind_of_text",
     "model_matches",
     "needs_baseline_grade",
     "parse_ddev_failure",
@@ -200,6 +217,7 @@ __all__ = [
     "read_of",
     "read_output",
     "read_usage",
+    "rerun_kind_of",
     "reset",
     "restart",
     "run",
@@ -207,6 +225,7 @@ __all__ = [
     "schema_validator",
     "site_state",
     "skipped_read",
+    "stored_kind",
     "strip_ansi",
     "trusted_verify",
     "verify",

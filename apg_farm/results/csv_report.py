@@ -6,7 +6,7 @@ import csv
 import io
 from typing import Any
 
-from apg_farm.contract.rerun_kinds import KINDS
+from apg_farm.contract import KINDS
 from apg_farm.results.costs import TOKENS
 from apg_farm.results.report import CELL_COUNTS
 from apg_farm.results.second_chance import CELL_KEYS

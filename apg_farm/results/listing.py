@@ -16,8 +16,15 @@ from sqlalchemy.orm import load_only
 
 from apg_farm.contract import Outcome
 from apg_farm.errors import BadInput
-from apg_farm.store import Attempt, AttemptState, Store, Sweep, SweepState
-from apg_farm.store.second_chances import headline_counted_sql, headline_passed_sql
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Store,
+    Sweep,
+    SweepState,
+    headline_counted_sql,
+    headline_passed_sql,
+)
 
 #: Sweeps per page unless asked otherwise, and the most one page holds.
 SWEEPS_PAGE = 50

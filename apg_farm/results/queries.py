@@ -34,8 +34,15 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome
-from apg_farm.store import Attempt, AttemptState, Execution, Phase
-from apg_farm.store.second_chances import bought_sql, headline_counted_sql, headline_passed_sql
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Execution,
+    Phase,
+    bought_sql,
+    headline_counted_sql,
+    headline_passed_sql,
+)
 
 #: Trials per bit mask of the pairing query: a sum of distinct powers of two below 2^60 fits the
 #: signed 64-bit integers of SQLite and PostgreSQL.

@@ -45,6 +45,11 @@ from apg_farm.store import (
 from apg_farm.transports import Transport
 
 FORMAT = "apg-farm-seal/1"
+#: The manifest's list of artifacts sealed only since a later version; a manifest without one of
+#: them was made before it and is not compared on it (the manifest's own sha256 is in the store).
+COVERS = "covers"
+#: A re-run's kind (`<execution>/rerun_kind`, only when set): the headline rests on it.
+RERUN_KIND = "rerun_kind"
 
 #: Rows read at a time while hashing.
 _BATCH = 200
@@ -241,6 +246,8 @@ def session_artifacts(session: Session, sweep_id: int) -> dict[str, str]:
             out[f"{name}/envelope"] = _sha(bytes(execution.envelope))
         if execution.evidence_meta:
             out[f"{name}/evidence_meta"] = _record(dict(execution.evidence_meta))
+        if execution.rerun_kind is not None:
+            out[f"{name}/{RERUN_KIND}"] = _record({RERUN_KIND: execution.rerun_kind})
     kept = session.scalars(
         select(EvidenceRow)
         .join(Execution, Execution.id == EvidenceRow.execution_id)
@@ -318,6 +325,7 @@ def seal(
             "farm_version": __version__,
             "sealed_at": now.isoformat(),
             "sweep": {"id": sweep.id, "name": sweep.name, "spec_sha256": sweep.spec_sha256},
+            COVERS: [RERUN_KIND],
             "artifact_count": len(entries),
             "root_sha256": _root(entries),
             "artifacts": entries,
@@ -466,6 +474,11 @@ def check_manifest(doc: object, sweep_id: int) -> tuple[dict[str, str] | None, l
     return dict(listed), problems
 
 
+def _covers(doc: object) -> list[object]:
+    covers = doc.get(COVERS) if isinstance(doc, dict) else None
+    return covers if isinstance(covers, list) else []
+
+
 def verify_seal(
     store: Store, sweep: Sweep, *, manifest: Path | None = None, files: bool = True
 ) -> Verification:
@@ -519,6 +532,9 @@ def verify_seal(
     result.problems += [f"manifest {path} is malformed: {p}" for p in problems]
     if sealed is None:
         return result
+    if RERUN_KIND not in _covers(doc):
+        # Sealed before re-run kinds were: the kinds migration 0019 gave its rows are not compared.
+        current = {n: sha for n, sha in current.items() if not n.endswith(f"/{RERUN_KIND}")}
     result.missing = sorted(set(sealed) - set(current))
     result.added = sorted(set(current) - set(sealed))
     result.changed = sorted(n for n in set(sealed) & set(current) if sealed[n] != current[n])

@@ -34,30 +34,21 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import Outcome
-
 # The kinds of re-run, the farm's (FARM_KINDS: the headline does not count them against the
 # model) and the agent's (SECOND_CHANCE_KINDS), decided when a re-run ends (rerun_kinds.py).
-from apg_farm.contract.rerun_kinds import (
-    FARM_KINDS as FARM_KINDS,
-)
-from apg_farm.contract.rerun_kinds import (
-    KINDS,
-    SECOND_CHANCE_KINDS,
-    stored_kind,
-)
+from apg_farm.contract import FARM_KINDS as FARM_KINDS
+from apg_farm.contract import KINDS, SECOND_CHANCE_KINDS, Outcome, stored_kind
 from apg_farm.results import queries
 from apg_farm.results.headline import final_figures, rate_figures
 from apg_farm.results.stats import wilson
-from apg_farm.store import Attempt, Execution
-from apg_farm.store.second_chances import (
+from apg_farm.store import (
     ADDED_TO_DENOMINATOR,
+    Attempt,
+    Execution,
     rerun_kind_sql,
     second_chance_sql,
 )
-from apg_farm.store.second_chances import (
-    rerun_sql as _rerun,
-)
+from apg_farm.store import rerun_sql as _rerun
 
 #: Keys every cell and model row gets.
 CELL_KEYS = (

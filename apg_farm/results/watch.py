@@ -22,6 +22,7 @@ from apg_farm.contract import COUNTED, Outcome
 from apg_farm.printable import printable
 from apg_farm.results.queries import attempt_counts
 from apg_farm.results.stats import quantile
+from apg_farm.store import ADDED_TO_DENOMINATOR as ADDED
 from apg_farm.store import (
     Attempt,
     AttemptState,
@@ -33,7 +34,6 @@ from apg_farm.store import (
     pace_status,
 )
 from apg_farm.store import utcnow as _utcnow
-from apg_farm.store.second_chances import ADDED_TO_DENOMINATOR as ADDED
 
 #: Executions, the latest finished, whose median duration paces the ETA.
 PACE = 1000

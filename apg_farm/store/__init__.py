@@ -146,9 +146,19 @@ from apg_farm.store.pacing import (
 )
 from apg_farm.store.pins import PIN_BASELINE_GRADE, PIN_CANARY, PinScope, find_pin, record_pin
 from apg_farm.store.rules import finish_draining, holds_attempt, reopen_sweep
+from apg_farm.store.second_chances import (
+    ADDED_TO_DENOMINATOR,
+    bought_sql,
+    headline_counted_sql,
+    headline_passed_sql,
+    rerun_kind_sql,
+    rerun_sql,
+    second_chance_sql,
+)
 from apg_farm.store.stopping import STOP, decision_of, stop_reason
 
 __all__ = [
+    "ADDED_TO_DENOMINATOR",
     "AGENT_STOPPED",
     "BASELINE",
     "BROKEN",
@@ -211,6 +221,7 @@ __all__ = [
     "backoff",
     "bed_baseline",
     "believe_outage",
+    "bought_sql",
     "budget_status",
     "canary_due",
     "canary_holder",
@@ -235,6 +246,8 @@ __all__ = [
     "find_pin",
     "finish_draining",
     "finish_upgrade",
+    "headline_counted_sql",
+    "headline_passed_sql",
     "hold_for_canary",
     "holds_attempt",
     "is_transient",
@@ -267,9 +280,12 @@ __all__ = [
     "renew_lease",
     "reopen_sweep",
     "requeue_expired",
+    "rerun_kind_sql",
+    "rerun_sql",
     "retry_attempts",
     "rowcount",
     "running_counts",
+    "second_chance_sql",
     "set_budget",
     "set_canary_config",
     "set_priority",

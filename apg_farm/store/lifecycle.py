@@ -50,8 +50,14 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import Outcome, PhaseOutput, Usage, Verdict, envelope_provenance
-from apg_farm.contract.rerun_kinds import rerun_kind_of
+from apg_farm.contract import (
+    Outcome,
+    PhaseOutput,
+    Usage,
+    Verdict,
+    envelope_provenance,
+    rerun_kind_of,
+)
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import SweepSpec
 from apg_farm.store.canaries import (

@@ -14,8 +14,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, and_, case, exists, func, literal, or_, select
 
-from apg_farm.contract import COUNTED, Outcome
-from apg_farm.contract.rerun_kinds import KINDS, SECOND_CHANCE_KINDS, TEXT_RULES
+from apg_farm.contract import COUNTED, KINDS, SECOND_CHANCE_KINDS, TEXT_RULES, Outcome
 from apg_farm.store.models import Attempt, Execution
 
 #: Execution results that gave the attempt no outcome: it was run again.

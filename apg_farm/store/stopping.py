@@ -24,8 +24,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import COUNTED, Outcome
-from apg_farm.contract.rerun_kinds import headline_outcome
+from apg_farm.contract import COUNTED, Outcome, headline_outcome
 from apg_farm.sequential import Decision, Rule, Tally, describe, judge
 from apg_farm.specs import StopSpec, SweepSpec
 from apg_farm.store.db import Store
