@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from apg_farm.cli.attacks import CATALOGUE, MODEL, Attack, attacks_table, run_attack
+from apg_farm.cli.games import GAMES, Played, Rates, games_table
 from apg_farm.store import Execution, Store
 from tests.test_cli import farm
 
@@ -67,6 +68,44 @@ def test_the_page_is_the_catalogue() -> None:
     assert _page_rows() == expected
 
 
+def test_the_page_names_every_game() -> None:
+    """docs/attacks.md has one `game` row per game `demo --attacks` plays, and no other."""
+    keys = re.findall(r"^\| `game` `([a-z_]+)`", PAGE.read_text(), re.M)
+    assert sorted(keys) == sorted(g.key for g in GAMES)
+
+
+def _rates(first_try: float, headline: float, counted: int = 12, outside: int = 0) -> Rates:
+    return Rates(12, counted, headline, headline, first_try, outside, 0)
+
+
+@pytest.mark.parametrize(
+    ("gamer", "honest", "lost", "paused", "wrong"),
+    [
+        pytest.param(_rates(0.3, 0.35), _rates(0.3, 0.3), [], [], [], id="as-catalogued"),
+        pytest.param(_rates(0.3, 0.36), _rates(0.3, 0.3), [], [], ["headline"], id="inflated"),
+        pytest.param(_rates(0.3, 0.3, outside=1), _rates(0.3, 0.3), [], [], ["out of"], id="out"),
+        pytest.param(_rates(0.3, 0.3, 11), _rates(0.3, 0.3), [], [], ["not counted"], id="short"),
+        pytest.param(_rates(0.3, 0.3), _rates(0.3, 0.3, 11), [], [], ["honest"], id="honest"),
+        pytest.param(_rates(0.3, 0.3), _rates(0.3, 0.3), ["b1: x"], [], ["beds lost"], id="bed"),
+        pytest.param(_rates(0.3, 0.3), _rates(0.3, 0.3), [], ["why"], ["paused"], id="paused"),
+    ],
+)
+def test_a_game_is_as_catalogued_only_when_every_rule_holds(
+    gamer: Rates, honest: Rates, lost: list[str], paused: list[str], wrong: list[str]
+) -> None:
+    """The game's verdict can fail, one rule at a time (the games themselves are played by
+    `test_demo_attacks_plays_the_whole_catalogue`)."""
+    from rich.console import Console
+
+    game = next(g for g in GAMES if g.key == "provider_revert")
+    played = Played(game, gamer, [honest], lost, paused)
+    found = played.wrong()
+    assert len(found) == len(wrong) and all(w in f for w, f in zip(wrong, found, strict=True))
+    console = Console(width=300, record=True)
+    console.print(games_table([played]))
+    assert ("│ yes" in console.export_text()) == (not wrong)
+
+
 def test_every_test_the_page_names_exists() -> None:
     """Each `tests/…::name` the page cites is a test function in that file."""
     cited = re.findall(r"`(tests/[a-z_]+\.py)::([a-z_0-9]+)", PAGE.read_text())
@@ -98,3 +137,5 @@ def test_demo_attacks_plays_the_whole_catalogue(tmp_path: Path) -> None:
     done = farm(tmp_path / "home", "demo", "--attacks")
     for attack in CATALOGUE:
         assert re.search(rf"│ {attack.key} +│.*│ yes", done.stdout), attack.key
+    for game in GAMES:
+        assert re.search(rf"│ {game.key} +│.*│ yes", done.stdout), game.key

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from apg_farm.cli.games import Rates
 from apg_farm.contract import COUNTED, Outcome
 from apg_farm.results import analyse, find_sweep
 from apg_farm.scheduler import submit
@@ -26,7 +27,7 @@ from apg_farm.store import (
 )
 from apg_farm.workers import EmbeddedExecutor
 from tests.simbeds import make_beds, spec
-from tests.test_gaming_models import GAMER, HONEST, SKILL, TASKS, Rates, _rates
+from tests.test_gaming_models import GAMER, HONEST, SKILL, TASKS, _rates
 
 TRIALS = 4
 
@@ -76,6 +77,7 @@ def test_a_fast_start_claim_is_checked_not_timed(
     print(f"\nhonest: {honest}\ngamer:  {gamer}")
     assert gamer.first_try < 0.6, gamer  # it did game
     assert abs(gamer.reported - gamer.first_try) <= 0.05, gamer
+    assert abs(gamer.headline - gamer.first_try) <= 0.05, gamer
     assert gamer.counted == gamer.attempts == len(TASKS) * TRIALS and gamer.reruns == 0
     assert honest.counted == honest.attempts == len(TASKS) * TRIALS
     assert _quarantined(beds) == []
@@ -102,6 +104,7 @@ def test_a_model_printing_bed_configuration_tokens_takes_no_bed(
     assert honest.counted == honest.attempts == len(TASKS) * TRIALS
     assert gamer.counted == gamer.attempts and gamer.reruns == 0
     assert abs(gamer.reported - gamer.first_try) <= 0.05, gamer
+    assert abs(gamer.headline - gamer.first_try) <= 0.05, gamer
     with sqlite_store.read() as session:
         names = set(session.scalars(select(Phase.name)).all())
     assert {"claim_check", "project_files"} <= names

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from apg_farm.contract import COUNTED, Outcome
+from apg_farm.cli.games import Rates, rates
+from apg_farm.contract import Outcome
 from apg_farm.fixtures import simbed
 from apg_farm.scheduler import submit
 from apg_farm.specs import Timeouts
@@ -38,53 +38,8 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
     s.dispose()
 
 
-@dataclass
-class Rates:
-    """One model's figures from the store."""
-
-    attempts: int
-    counted: int
-    reported: float  #: PASSED over counted, as `report` says
-    first_try: float  #: attempts whose first execution PASSED, over counted
-    outside: int  #: attempts ending ERROR or INVALID (out of the denominator)
-    reruns: int  #: executions re-run (RETRY) after their run phase started
-
-
-def _rates(store: Store, sweep_id: int, model: str) -> Rates:
-    with store.read() as session:
-        attempts = session.scalars(
-            select(Attempt).where(Attempt.sweep_id == sweep_id, Attempt.model == model)
-        ).all()
-        firsts = dict(
-            session.execute(
-                select(Execution.attempt_id, Execution.result)
-                .join(Attempt, Attempt.id == Execution.attempt_id)
-                .where(Attempt.sweep_id == sweep_id, Attempt.model == model, Execution.number == 1)
-            ).all()
-        )
-        started = set(
-            session.scalars(select(Phase.execution_id).where(Phase.name == "run").distinct()).all()
-        )
-        reruns = [
-            e
-            for e in session.scalars(
-                select(Execution)
-                .join(Attempt, Attempt.id == Execution.attempt_id)
-                .where(Attempt.sweep_id == sweep_id, Attempt.model == model)
-            )
-            if e.result == "RETRY" and e.id in started
-        ]
-    counted = [a for a in attempts if a.outcome in COUNTED]
-    passed = sum(a.outcome == Outcome.PASSED for a in counted)
-    first = sum(firsts.get(a.id) == Outcome.PASSED for a in counted)
-    return Rates(
-        attempts=len(attempts),
-        counted=len(counted),
-        reported=passed / max(len(counted), 1),
-        first_try=first / max(len(counted), 1),
-        outside=sum(a.outcome in (Outcome.ERROR, Outcome.INVALID) for a in attempts),
-        reruns=len(reruns),
-    )
+# One model's figures, read by the same function `demo --attacks` reads its games with.
+_rates = rates
 
 
 def _play(
@@ -120,6 +75,8 @@ def _holds(honest: Rates, gamer: Rates) -> None:
     # Every attempt of the gaming model stays in the denominator.
     assert gamer.outside == 0 and gamer.counted == gamer.attempts, gamer
     assert gamer.reported <= gamer.first_try + 0.1, gamer
+    # The figure a user reads first is the honest one (#29).
+    assert abs(gamer.headline - gamer.first_try) <= 0.05, gamer
     # The gaming model did game: its failures were dressed up (a first try failed).
     assert gamer.first_try < 0.6 and honest.outside == 0
 

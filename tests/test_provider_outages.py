@@ -98,6 +98,7 @@ def test_a_model_faking_outages_beside_its_providers_clean_models_gets_no_second
     assert len(claims) >= 12 and len(believed) <= 3, (len(claims), len(believed))
     assert gamer.counted == gamer.attempts == len(TASKS) * TRIALS and gamer.outside == 0, gamer
     assert gamer.reported <= gamer.first_try + 0.05, gamer
+    assert abs(gamer.headline - gamer.first_try) <= 0.05, gamer
     assert quarantined == []
     assert all(h.counted == h.attempts and h.reruns == 0 for h in honest), honest
 

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from apg_farm.cli.common import err, out
 from apg_farm.cli.demo import simulated_bed
+from apg_farm.cli.games import GAMES, games_table, play_game
 from apg_farm.contract import Outcome
 from apg_farm.store import BedState
 
@@ -405,18 +406,30 @@ def run_attack(
 
 
 def play_catalogue(store: Store, *, keys: tuple[str, ...] | None = None) -> bool:
-    """Every attack (or those named), printed as a table; True when each ended as catalogued."""
+    """Every attack and game (or those named), printed as tables; True when each ended as
+    catalogued."""
     from apg_farm.settings import load_settings
 
     root = load_settings().home / "attacks"
     chosen = [a for a in CATALOGUE if keys is None or a.key in keys]
-    err.print(f"playing {len(chosen)} attacks on simulated beds in {root} ...")
+    games = [g for g in GAMES if keys is None or g.key in keys]
+    err.print(
+        f"playing {len(chosen)} attacks and {len(games)} games on simulated beds in {root} ..."
+    )
     recorded = []
     for attack in chosen:
         recorded.append(run_attack(store, root, attack))
         err.print(f"  {attack.key}: {recorded[-1].outcome}")
-    out.print(attacks_table(recorded))
+    if recorded:
+        out.print(attacks_table(recorded))
+    played = []
+    for game in games:
+        played.append(play_game(store, root, game))
+        err.print(f"  game {game.key}: headline {played[-1].gamer.headline:.2f}")
+    if played:
+        out.print(games_table(played))
     wrong = [r.attack.key for r in recorded if not r.as_catalogued]
+    wrong += [p.game.key for p in played if not p.as_catalogued]
     if wrong:
         err.print(f"[red]not as catalogued:[/] {', '.join(wrong)}")
     return not wrong
