@@ -47,6 +47,9 @@ SEALING = "apg_farm/results/sealing.py"
 AUTH = "apg_farm/dashboard/auth.py"
 STATS = "apg_farm/results/stats.py"
 ENGINE = "workers/engine.py"
+WORKTREE = "apg_farm/workers/worktree.py"
+WORKTREE_SCRIPT = "apg_farm/beds/worktree.py"
+RERUN_SEAL = "apg_farm/results/sealing.py"
 
 T_OUTCOMES = "tests/test_outcomes.py"
 T_ENVELOPE = "tests/test_envelope.py"
@@ -59,6 +62,7 @@ T_DASH = "tests/test_dashboard.py"
 T_STATS = "tests/test_stats.py"
 T_ENGINE = "tests/test_engine.py"
 T_ATTACKS = "tests/test_attacks.py"
+T_WORKTREE = "tests/test_worktree.py"
 
 
 @dataclass(frozen=True)
@@ -264,8 +268,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "leak-quarantine-dropped",
         OUTCOMES,
-        "return with_quarantine(with_quarantine(verdict, security), flood)",
-        "return with_quarantine(verdict, flood)",
+        "return with_unchecked(with_unchecked(verdict, security), flood)",
+        "return with_unchecked(verdict, flood)",
         f"{T_OUTCOMES}::test_a_leaked_token_quarantines_on_every_path",
     ),
     m(
@@ -504,8 +508,10 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "retry-a-sealed-sweep",
         LIFECYCLE,
-        "        refuse_if_sealed(sweep)\n        if sweep.state != SweepState.OPEN:",
-        "        if sweep.state != SweepState.OPEN:",
+        "        refuse_if_sealed(sweep)\n        if sweep.state == SweepState.CANCELLED:\n"
+        '            raise BadInput(f"sweep {sweep.name} was cancelled", fix="submit it under a new name")',
+        "        if sweep.state == SweepState.CANCELLED:\n"
+        '            raise BadInput(f"sweep {sweep.name} was cancelled", fix="submit it under a new name")',
         "tests/test_lifecycle.py::test_a_sealed_sweep_is_not_retried[sqlite-open]",
     ),
     m(
@@ -553,6 +559,46 @@ MUTANTS: tuple[Mutant, ...] = (
         "        row.provider_failures += 1\n        bed.consecutive_errors += 1\n",
         "tests/test_pacing.py::test_an_outage_on_one_bed_never_quarantines_it[sqlite]",
         "tests/test_lifecycle.py::test_provider_trouble_leaves_the_beds_failures_in_a_row_alone",
+    ),
+    # --- the project's other files put back before each run (#28) --------------------------
+    m(
+        "worktree-any-listing-passes",
+        WORKTREE,
+        "    if now == baseline:\n        return CONTINUE",
+        "    if True:\n        return CONTINUE",
+        f"{T_WORKTREE}::test_a_model_of_no_skill_finds_no_answer_at_the_project_root[sqlite]",
+    ),
+    m(
+        "worktree-dirty-baseline-cleaned",
+        WORKTREE,
+        "    if baseline.entries or baseline.cut or not baseline.repository:",
+        "    if baseline.cut or not baseline.repository:",
+        f"{T_WORKTREE}::test_a_bed_whose_baseline_lists_files_is_quarantined_when_they_change[sqlite]",
+    ),
+    m(
+        "worktree-untracked-kept",
+        WORKTREE_SCRIPT,
+        '  g clean -ffdq -- "$@" >&2 || fail "git clean failed"\n',
+        "",
+        f"{T_WORKTREE}::test_the_clean_up_puts_back_what_reset_leaves_and_nothing_else",
+    ),
+    m(
+        "worktree-cut-listing-trusted",
+        WORKTREE,
+        "    if after.entries or after.cut:",
+        "    if after.entries:",
+        f"{T_WORKTREE}::test_a_project_without_git_and_a_long_listing",
+        equivalent="the clean-up removes every untracked file whatever the listing's length, so "
+        "after it the listing is never cut on a bed the farm can put back; the check stays for a "
+        "clean-up that left more than the farm reads",
+    ),
+    # --- a re-run's kind sealed (#29) ----------------------------------------------------
+    m(
+        "rerun-kind-unsealed",
+        RERUN_SEAL,
+        "        if execution.rerun_kind is not None:",
+        "        if False:",
+        "tests/test_seal_fields.py::test_each_sealed_field_changed_is_named[sqlite-executions.rerun_kind=edit]",
     ),
     m(
         "busy-bed-handed-back",

@@ -299,10 +299,10 @@ def test_diff_evidence_is_kept_per_execution(store: Store, tmp_path: Path) -> No
         diffs = session.scalars(select(Phase).where(Phase.name == "diff")).all()
     # The judging code is checked before the attempt and again right after the run, before any
     # other ddev command: the escrow set, the DDEV configuration, the trusted verifier.
-    # Before the run, nothing of an earlier attempt (runs/, .git, the kept folders: #28); after
-    # it, the host files, and at the end the run folder moved off the bed.
+    # Before the run, nothing of an earlier attempt (runs/, .git, the kept folders, the project's
+    # other files: #28); after it, the host files, and at the end the run folder moved off the bed.
     order = ["escrow_check", "ddev_check", "verify_before", "reset", "baseline_diff"]
-    order += ["runs_check", "git_clean", "kept_check", "project_files", "run"]
+    order += ["runs_check", "git_clean", "kept_check", "worktree_check", "project_files", "run"]
     order += ["ddev_check_after", "ddev_check_stopped", "host_files", "verify_after", "diff"]
     order += ["grade", "evidence"]
     # The first attempt of the task on this bed baseline pins what its grade reads, before the run.

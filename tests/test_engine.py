@@ -87,8 +87,9 @@ def test_bed_commands_never_see_farm_settings(
     # 11 bed commands, the two evidence moves (runs_check, evidence), the grade at baseline
     # that pins the task's dataset hashes, the listing of the folders reset keeps, and two
     # phases other #28 steps added on i28-trial (the git clean-up among them), and the reading
-    # of the agent files before the run a PROJECT_CHANGED claim is judged by (#29).
-    assert len(argvs) == 18 and not any("hunter2" in " ".join(a) for a in argvs)
+    # of the agent files before the run a PROJECT_CHANGED claim is judged by (#29), and the
+    # listing of the project's other files (worktree_check, #28).
+    assert len(argvs) == 19 and not any("hunter2" in " ".join(a) for a in argvs)
     log = simbed.read_log(Path(bed.approot))
     commands = {line["command"] for line in log}
     assert {"ai-eval-reset", "ai-eval-run", "ai-eval-grade"} <= commands
@@ -159,10 +160,12 @@ def test_database_connections_killed_mid_attempt_are_survived(
     # kept-folders check, run,
     # two DDEV checks, verify, diff, grade, the evidence move; and once, before the first run, the
     # grade at baseline that pins the task's dataset hashes (workers/pinning.py); and each the
-    # reading of the agent files before the run (`project_files`, #29).
+    # reading of the agent files before the run (`project_files`, #29), and the listing of the
+    # project's other files (`worktree_check`, #28).
     assert [p.name for p in phases].count("grade_pin") == 1
     assert [p.name for p in phases].count("project_files") == 2
-    assert len(phases) == 35 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 35
+    assert [p.name for p in phases].count("worktree_check") == 2
+    assert len(phases) == 37 and len({(p.execution_id, p.name, p.started_at) for p in phases}) == 37
 
 
 def test_a_baseline_file_edited_during_the_run_is_tampered_and_left_as_evidence(

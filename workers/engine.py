@@ -128,6 +128,7 @@ from apg_farm.workers.git_isolation import clean_git
 from apg_farm.workers.harness import Harness, HarnessEnd
 from apg_farm.workers.host_files import FIND_LIMIT, find_argv, judge_host_files
 from apg_farm.workers.kept_paths import clean_kept
+from apg_farm.workers.worktree import clean_worktree
 from apg_farm.workers.pinning import DatasetPins
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
@@ -512,6 +513,14 @@ class _Attempt:
                 bed.id,
                 bed.approot,
             )
+        )
+        if verdict.action != "continue":
+            return verdict
+        # Nothing of an earlier attempt among the project's other files (an answer at its root,
+        # a tracked file edited outside reset's scope, a CLAUDE.md): after the git clean-up,
+        # whose index they are compared with.
+        verdict = self._seen(
+            clean_worktree(self, self.engine.store, bed.id, bed.approot, self.claim.label)
         )
         if verdict.action != "continue":
             return verdict

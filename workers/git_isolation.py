@@ -32,6 +32,7 @@ from apg_farm.beds import (
 from apg_farm.contract import CONTINUE, PhaseOutput, Verdict
 from apg_farm.store import Bed, BedEvent, Store
 from apg_farm.transports import CommandResult
+from apg_farm.workers.baseline_records import bed_failed, recorded, remember
 
 #: Stdout of the clean-up kept (one line per thing it removed).
 CLEAN_OUTPUT_LIMIT = 256 * 1024
@@ -56,7 +57,7 @@ def clean_git(attempt: Phases, store: Store, bed_id: int, approot: str) -> Verdi
         )
         found = parse_git_record(result)
         if isinstance(found, str):
-            return _failed(f"the bed's git baseline could not be recorded: {found}")
+            return bed_failed(f"the bed's git baseline could not be recorded: {found}")
         _remember(store, bed_id, found)
         baseline = found
     output, result = attempt._phase_result(
@@ -68,50 +69,29 @@ def clean_git(attempt: Phases, store: Store, bed_id: int, approot: str) -> Verdi
     if result.transport_error or result.timed_out:
         # The link failed (or git hung): nothing is known of the repository; still infrastructure.
         why = result.transport_error or f"timed out after {GIT_TIMEOUT:.0f} s"
-        return _failed(f"the git clean-up did not finish: {why}")
+        return bed_failed(f"the git clean-up did not finish: {why}")
     if output.exit_code != 0 or result.stdout.truncated:
         why = git_clean_failure(result.stdout.text()) or f"exit {output.exit_code}"
-        return _failed(f"the git repository could not be put back to its baseline: {why}")
+        return bed_failed(f"the git repository could not be put back to its baseline: {why}")
     return CONTINUE
 
 
-def _failed(reason: str) -> Verdict:
-    return Verdict("retry", reason, quarantine=reason)
-
-
 def _recorded(store: Store, bed_id: int) -> GitBaseline | None:
-    def read() -> dict[str, Any]:
-        with store.read() as session:
-            row = session.get(Bed, bed_id)
-            return (row.meta or {}) if row is not None else {}
-
-    # Retried like every engine read: a dropped connection is no reason to fail the attempt.
-    return GitBaseline.from_meta(store.retrying(read).get(GIT_BASELINE))
+    return GitBaseline.from_meta(recorded(store, bed_id, GIT_BASELINE))
 
 
 def _remember(store: Store, bed_id: int, baseline: GitBaseline) -> None:
     """Keep a baseline first read at a reset (a bed enrolled before git baselines were)."""
-
-    def write() -> None:
-        with store.session() as session:
-            row = session.scalar(select(Bed).where(Bed.id == bed_id).with_for_update())
-            if row is None:
-                return
-            row.meta = {**(row.meta or {}), GIT_BASELINE: baseline.as_meta()}
-            session.add(
-                BedEvent(
-                    bed_id=bed_id,
-                    kind="git_baseline",
-                    detail=(
-                        f"{baseline.label()}: recorded at a reset, not at enrolment (the bed was "
-                        "enrolled before the farm recorded git baselines); what an earlier agent "
-                        "left in .git before now is taken for the baseline: escrow the bed again "
-                        "on a trusted tree to record it anew"
-                    ),
-                )
-            )
-
-    store.retrying(write)
+    remember(
+        store,
+        bed_id,
+        GIT_BASELINE,
+        baseline.as_meta(),
+        "git_baseline",
+        f"{baseline.label()}: recorded at a reset, not at enrolment (the bed was enrolled before "
+        "the farm recorded git baselines); what an earlier agent left in .git before now is "
+        "taken for the baseline: escrow the bed again on a trusted tree to record it anew",
+    )
 
 
 __all__ = ["clean_git"]

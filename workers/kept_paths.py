@@ -41,6 +41,7 @@ from apg_farm.beds import (
 from apg_farm.contract import CONTINUE, PhaseOutput, Verdict, read_output
 from apg_farm.store import Bed, BedEvent, Store, utcnow
 from apg_farm.transports import Captured, CommandResult, Transport
+from apg_farm.workers.baseline_records import bed_failed, recorded, remember
 from apg_farm.workers.evidence import (
     EvidenceKeeper,
     EvidenceRefused,
@@ -66,7 +67,7 @@ def clean_kept(
     next agent finds there is the baseline, else a retry with the bed quarantined."""
     now = _list(transport, record, approot, "kept_check")
     if isinstance(now, str):
-        return _failed(f"the folders reset keeps could not be listed: {now}")
+        return bed_failed(f"the folders reset keeps could not be listed: {now}")
     baseline = _recorded(store, bed_id)
     if baseline is None:
         _remember(store, bed_id, now)
@@ -82,7 +83,7 @@ def clean_kept(
         moved_entries += moved
     after = _list(transport, record, approot, "kept_check_after")
     if isinstance(after, str):
-        return _failed(f"the folders reset keeps could not be listed after the move: {after}")
+        return bed_failed(f"the folders reset keeps could not be listed after the move: {after}")
     left = [
         n
         for n in differ
@@ -102,9 +103,9 @@ def clean_kept(
     )
     store.retrying(lambda: record_event(store, bed_id, "leftover", detail))
     if left:
-        return _failed(f"kept folders could not be emptied before the run: {', '.join(left)}")
+        return bed_failed(f"kept folders could not be emptied before the run: {', '.join(left)}")
     if lost:
-        return _failed(
+        return bed_failed(
             f"{', '.join(lost)} held baseline files that changed or went, and were moved off "
             "(the farm keeps no copy to restore): escrow the bed again on a trusted tree"
         )
@@ -138,7 +139,7 @@ def _move(
     try:
         root = evidence_root(keeper.bed, transport)
     except EvidenceRefused as error:
-        return _failed(error.message)
+        return bed_failed(error.message)
     folder = execution_folder(
         root, keeper.bed.name, claim.sweep_id, claim.attempt_id, claim.execution_number
     )
@@ -164,7 +165,7 @@ def _move(
     )
     _record(record, "kept_move", result, said, started)
     if moved.refused:
-        return _failed(moved.problem or "the evidence folder was refused")
+        return bed_failed(moved.problem or "the evidence folder was refused")
     return moved.entries
 
 
@@ -195,43 +196,22 @@ def _record(
     record(name, shown, read_output(shown), started)
 
 
-def _failed(reason: str) -> Verdict:
-    return Verdict("retry", reason, quarantine=reason)
-
-
 def _recorded(store: Store, bed_id: int) -> KeptListing | None:
-    def read() -> dict[str, Any]:
-        with store.read() as session:
-            row = session.get(Bed, bed_id)
-            return (row.meta or {}) if row is not None else {}
-
-    # Retried like every engine read: a dropped connection is no reason to fail the attempt.
-    return KeptListing.from_meta(store.retrying(read).get(KEPT_PATHS))
+    return KeptListing.from_meta(recorded(store, bed_id, KEPT_PATHS))
 
 
 def _remember(store: Store, bed_id: int, listing: KeptListing) -> None:
     """Keep a listing first read at a reset (a bed enrolled before the farm recorded one)."""
-
-    def write() -> None:
-        with store.session() as session:
-            row = session.scalar(select(Bed).where(Bed.id == bed_id).with_for_update())
-            if row is None:
-                return
-            row.meta = {**(row.meta or {}), KEPT_PATHS: listing.as_meta()}
-            session.add(
-                BedEvent(
-                    bed_id=bed_id,
-                    kind="kept_baseline",
-                    detail=(
-                        f"{listing.label()}: recorded at a reset, not at enrolment (the bed was "
-                        "enrolled before the farm listed the folders reset keeps); what an "
-                        "earlier agent left there before now is taken for the baseline: escrow "
-                        "the bed again on a trusted tree to record it anew"
-                    ),
-                )
-            )
-
-    store.retrying(write)
+    remember(
+        store,
+        bed_id,
+        KEPT_PATHS,
+        listing.as_meta(),
+        "kept_baseline",
+        f"{listing.label()}: recorded at a reset, not at enrolment (the bed was enrolled before "
+        "the farm listed the folders reset keeps); what an earlier agent left there before now "
+        "is taken for the baseline: escrow the bed again on a trusted tree to record it anew",
+    )
 
 
 __all__ = ["clean_kept"]

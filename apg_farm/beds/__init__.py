@@ -3,7 +3,8 @@
 `registry` adds, lists, releases and quarantines beds and keeps their events; `remote` enrols
 beds over SSH and `inventory` applies a whole pool from one file; `escrow` records and checks the
 escrow set and `identity` the baseline it holds (set key, code versions); `git_baseline`
-records the bed's git repository with it and puts it back before each run; `maintenance` runs
+records the bed's git repository with it and puts it back before each run, and `worktree` the
+project's other files; `maintenance` runs
 provision, escrow and doctor; `upgrade` rolls an upgrade across a pool; `mounts` asks Docker
 what a bed's web container can see; `clone` grows a pool by a checked copy
 of an escrowed bed; `triage` orders beds by what they need (quarantined, stuck, failing first). Imports store, contract and transports.
@@ -68,6 +69,15 @@ from apg_farm.beds.upgrade import (
 )
 from apg_farm.beds.web_environment import arrived as web_settings_arrived
 from apg_farm.beds.web_environment import printenv_argv, web_settings
+from apg_farm.beds.worktree import STDOUT_LIMIT as WORKTREE_STDOUT_LIMIT
+from apg_farm.beds.worktree import TIMEOUT as WORKTREE_TIMEOUT
+from apg_farm.beds.worktree import (
+    WORKTREE,
+    Worktree,
+    parse_worktree,
+    read_worktree,
+    worktree_argv,
+)
 
 __all__ = [
     "CREDENTIAL_NAMES",
@@ -78,6 +88,9 @@ __all__ = [
     "PROBLEMS",
     "SORT_KEYS",
     "UPGRADE_STEPS",
+    "WORKTREE",
+    "WORKTREE_STDOUT_LIMIT",
+    "WORKTREE_TIMEOUT",
     "CloneRefused",
     "CloneRequest",
     "CloneResult",
@@ -91,6 +104,7 @@ __all__ = [
     "UpgradeOptions",
     "UpgradePlan",
     "UpgradeResult",
+    "Worktree",
     "add_bed",
     "add_remote_bed",
     "apply_escrow_record",
@@ -114,12 +128,14 @@ __all__ = [
     "load_inventory",
     "parse_git_record",
     "parse_listing",
+    "parse_worktree",
     "plan_clone",
     "plan_upgrade",
     "printenv_argv",
     "problem_of",
     "read_git_baseline",
     "read_kept_listing",
+    "read_worktree",
     "record_ddev_config",
     "record_escrow_set",
     "record_event",
@@ -133,4 +149,5 @@ __all__ = [
     "validate_new_bed",
     "web_settings",
     "web_settings_arrived",
+    "worktree_argv",
 ]

@@ -20,6 +20,7 @@ from apg_farm.beds.identity import BaselineIdentity, read_identity
 from apg_farm.beds.kept_paths import KEPT_PATHS, KeptListing, read_kept_listing
 from apg_farm.beds.maintenance import run_escrow
 from apg_farm.beds.web_environment import install as install_web_environment
+from apg_farm.beds.worktree import WORKTREE, Worktree, read_worktree
 from apg_farm.contract import ESCROW_SET_MISSING
 from apg_farm.errors import ContractViolation, NotFound
 from apg_farm.store import BASELINE, Bed, BedEvent, Store, utcnow
@@ -61,6 +62,8 @@ class EscrowRecord:
     git: GitBaseline | None = None
     #: The folders reset keeps (private files, css/ js/ php/ styles/) at this baseline.
     kept: KeptListing | None = None
+    #: The project's other files that git sees differing or untracked at this baseline.
+    worktree: Worktree | None = None
 
 
 def hash_escrow_set(bed: Bed, escrow_set: str, *, transport: Transport) -> dict[str, str]:
@@ -135,6 +138,7 @@ def fingerprint_escrow_set(
             identity=read_identity(path, files, transport=used),
             git=read_git_baseline(bed, transport=used),
             kept=read_kept_listing(bed, transport=used),
+            worktree=read_worktree(bed, transport=used),
         )
 
 
@@ -147,7 +151,9 @@ def apply_escrow_record(row: Bed, record: EscrowRecord) -> None:
     row.escrow_recorded_at = utcnow()
     # Each execution on the bed records this (claims.py): the baseline its attempt reset to.
     meta = {
-        k: v for k, v in (row.meta or {}).items() if k not in (BASELINE, GIT_BASELINE, KEPT_PATHS)
+        k: v
+        for k, v in (row.meta or {}).items()
+        if k not in (BASELINE, GIT_BASELINE, KEPT_PATHS, WORKTREE)
     }
     if record.identity is not None:
         meta[BASELINE] = record.identity.as_meta()
@@ -157,6 +163,9 @@ def apply_escrow_record(row: Bed, record: EscrowRecord) -> None:
     if record.kept is not None:
         # What the kept-folder check before each run compares with (workers/kept_paths.py).
         meta[KEPT_PATHS] = record.kept.as_meta()
+    if record.worktree is not None:
+        # What the check of the project's other files before each run compares with (worktree.py).
+        meta[WORKTREE] = record.worktree.as_meta()
     row.meta = meta or None
 
 

@@ -59,7 +59,7 @@ _HEAD = re.compile(r"ref: refs/[A-Za-z0-9._/@+-]{1,400}|[0-9a-f]{40}|[0-9a-f]{64
 
 # Shared by both scripts: no GIT_* variable of the caller, no system or global config, no
 # program from the repository's config (restored first anyway), no terminal, no pager.
-_PREAMBLE = r"""
+GIT_PREAMBLE = r"""
 set -u
 root=$1; shift
 cd -- "$root" 2>/dev/null || { echo "FARM_GIT_FAIL approot $root is missing"; exit 4; }
@@ -84,7 +84,7 @@ fail() { echo "FARM_GIT_FAIL $*"; exit 4; }
 # regular file of .git outside objects/ refs/ logs/ (and index, packed-refs), and
 # `content <path> <base64>` for the small ones that are not hooks.
 _RECORD = (
-    _PREAMBLE
+    GIT_PREAMBLE
     + r"""
 if [ ! -e .git ] && [ ! -L .git ]; then echo absent; exit 0; fi
 { [ -d .git ] && [ ! -L .git ]; } || fail ".git is not a directory"
@@ -105,7 +105,7 @@ exit 0
 ).replace("%(limit)d", str(CONTENT_LIMIT))
 
 _CLEAN = (
-    _PREAMBLE
+    GIT_PREAMBLE
     + r"""
 t=$(mktemp -d) || fail "mktemp failed"
 trap 'rm -rf "$t"' EXIT
