@@ -128,8 +128,8 @@ from apg_farm.workers.git_isolation import clean_git
 from apg_farm.workers.harness import Harness, HarnessEnd
 from apg_farm.workers.host_files import FIND_LIMIT, find_argv, judge_host_files
 from apg_farm.workers.kept_paths import clean_kept
-from apg_farm.workers.worktree import clean_worktree
 from apg_farm.workers.pinning import DatasetPins
+from apg_farm.workers.worktree import clean_worktree
 
 #: Where DDEV mounts the project inside the web container; AI_PG_BASELINE_DIR may use it.
 _CONTAINER_ROOT = "/var/www/html"

@@ -16,9 +16,7 @@ bed quarantined with the reason, never charged to a model.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from sqlalchemy import select
+from typing import Protocol
 
 from apg_farm.beds import (
     GIT_BASELINE,
@@ -30,7 +28,7 @@ from apg_farm.beds import (
     parse_git_record,
 )
 from apg_farm.contract import CONTINUE, PhaseOutput, Verdict
-from apg_farm.store import Bed, BedEvent, Store
+from apg_farm.store import Store
 from apg_farm.transports import CommandResult
 from apg_farm.workers.baseline_records import bed_failed, recorded, remember
 

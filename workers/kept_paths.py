@@ -25,9 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
-
-from sqlalchemy import select
 
 from apg_farm.beds import (
     KEPT_DERIVATIVES,
@@ -39,7 +36,7 @@ from apg_farm.beds import (
     record_event,
 )
 from apg_farm.contract import CONTINUE, PhaseOutput, Verdict, read_output
-from apg_farm.store import Bed, BedEvent, Store, utcnow
+from apg_farm.store import Store, utcnow
 from apg_farm.transports import Captured, CommandResult, Transport
 from apg_farm.workers.baseline_records import bed_failed, recorded, remember
 from apg_farm.workers.evidence import (
