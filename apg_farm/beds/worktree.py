@@ -38,6 +38,7 @@ LOOKED_AFTER = (
     "recipes",
     ".ai-proving-ground",
     ".ddev",
+    "drush",
 )
 #: Listed paths kept in a record (bed.meta, a bed event, a phase's summary) at most.
 SHOWN = 20
