@@ -3,7 +3,8 @@
 APG's reset restores the scoped git tree (`config/sync`, `web/modules/custom`, `recipes`), the
 scratch paths, `settings*.php`, Composer's code and the database, and the farm looks after
 `.ai-proving-ground/` (the evidence move), `.git` (git_baseline.py), the folders reset keeps
-(kept_paths.py, all git-ignored) and `.ddev/` (its fingerprint). Every other file of the project
+(kept_paths.py, all git-ignored) and `.ddev/` and `drush/` (the DDEV configuration's
+fingerprint). Every other file of the project
 that git sees stays through every reset: an answer an agent writes at the project root, a tracked
 file it edits outside the scope, the CLAUDE.md, AGENTS.md or `.claude/` a coding agent loads. The
 next agent reads them.
