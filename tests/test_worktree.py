@@ -124,6 +124,8 @@ def test_a_listing_from_meta_is_checked() -> None:
     assert Worktree.from_meta({"entries": [], "repository": "yes"}) is None
     listing = Worktree(("?? a",), True, cut=True)
     assert Worktree.from_meta(listing.as_meta()) == listing
+    # An agent-made name is cut in the label a bed event and a reason carry.
+    assert len(Worktree(("?? " + "x" * 4000,) * 30).label()) < 20 * 200
 
 
 # --- end to end --------------------------------------------------------------------------------

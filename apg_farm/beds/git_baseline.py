@@ -359,18 +359,26 @@ def git_environment(transport: Transport, bed: Bed | None = None) -> dict[str, s
     return bed_environment(base=host_environment(transport), extra=dict(bed.env) if bed else None)
 
 
+def run_git_script(
+    bed: Bed, transport: Transport, argv: tuple[str, ...], timeout: float, stdout_limit: int
+) -> CommandResult:
+    """One of these git scripts on the bed's host, outside the engine (enrolment, escrow)."""
+    return transport.run(
+        argv,
+        cwd="/",
+        env=git_environment(transport, bed),
+        timeout=timeout,
+        stdout_limit=stdout_limit,
+        stderr_limit=1 << 16,
+    )
+
+
 def read_git_baseline(bed: Bed, *, transport: Transport) -> GitBaseline:
     """Record the bed's git baseline now (at enrolment, escrow, upgrade or clone); raises
     ContractViolation when its repository cannot be read."""
-    result = transport.run(
-        record_argv(bed.approot),
-        cwd="/",
-        env=git_environment(transport, bed),
-        timeout=GIT_TIMEOUT,
-        stdout_limit=RECORD_LIMIT,
-        stderr_limit=1 << 16,
+    found = parse_record(
+        run_git_script(bed, transport, record_argv(bed.approot), GIT_TIMEOUT, RECORD_LIMIT)
     )
-    found = parse_record(result)
     if isinstance(found, str):
         raise ContractViolation(
             f"bed {bed.name}: cannot read its git repository at {bed.approot}/.git: {found}",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apg_farm.beds.git_baseline import GIT_PREAMBLE, git_environment
+from apg_farm.beds.git_baseline import GIT_PREAMBLE, run_git_script
 from apg_farm.errors import ContractViolation
 from apg_farm.store import Bed
 from apg_farm.transports import CommandResult, Transport
@@ -43,6 +43,8 @@ LOOKED_AFTER = (
 )
 #: Listed paths kept in a record (bed.meta, a bed event, a phase's summary) at most.
 SHOWN = 20
+#: Characters of one listed name kept in a label.
+NAME_SHOWN = 160
 TIMEOUT = 120.0
 #: Stdout read at most: a listing longer than this is cut, and counts as differing.
 STDOUT_LIMIT = 256 << 10
@@ -100,7 +102,10 @@ class Worktree:
     def label(self) -> str:
         if not self.repository:
             return "no git repository: nothing listed"
-        shown = ", ".join(self.entries[:SHOWN])
+        # Agent-made names (git C-quotes control characters): each cut, so a label stays short.
+        shown = ", ".join(
+            e if len(e) <= NAME_SHOWN else e[:NAME_SHOWN] + "..." for e in self.entries[:SHOWN]
+        )
         more = f" and {len(self.entries) - SHOWN} more" if len(self.entries) > SHOWN else ""
         count = f"more than {len(self.entries)}" if self.cut else str(len(self.entries))
         return f"{count} files differ from the index" + (f": {shown}{more}" if self.entries else "")
@@ -131,15 +136,8 @@ def parse_worktree(result: CommandResult) -> Worktree | str:
 def read_worktree(bed: Bed, *, transport: Transport) -> Worktree:
     """The listing at the bed's baseline (with the escrow record); raises ContractViolation when
     it cannot be taken."""
-    result = transport.run(
-        worktree_argv(bed.approot, "list"),
-        cwd="/",
-        env=git_environment(transport, bed),
-        timeout=TIMEOUT,
-        stdout_limit=STDOUT_LIMIT,
-        stderr_limit=1 << 14,
-    )
-    found = parse_worktree(result)
+    argv = worktree_argv(bed.approot, "list")
+    found = parse_worktree(run_git_script(bed, transport, argv, TIMEOUT, STDOUT_LIMIT))
     if isinstance(found, str):
         raise ContractViolation(
             f"bed {bed.name}: cannot list the project's files under {bed.approot}: {found}",

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from apg_farm.cli.common import err, out
-from apg_farm.cli.demo import simulated_bed
+from apg_farm.cli.demo import enrol_in_place, simulated_bed
 from apg_farm.cli.games import GAMES, games_table, play_game
 from apg_farm.contract import Outcome
 from apg_farm.store import BedState
@@ -318,9 +318,6 @@ def _fresh_bed(
 ) -> Bed:
     """A bed of its own, in a pool of its own, recreated from scratch; with `image`, a container
     bed whose `web_commands` run in its web container."""
-    from sqlalchemy import select
-
-    from apg_farm.store import Bed, BedEvent, remove_bed
 
     name = f"attack-{attack.key}".replace("_", "-")
     shutil.rmtree(root / "beds" / name, ignore_errors=True)
@@ -348,17 +345,7 @@ def _fresh_bed(
         image=image,
     )
     simbed.write_faults(Path(row.approot), attack.bed_faults())
-    with store.session() as session:
-        old = session.scalar(select(Bed).where(Bed.name == name))
-        if old is not None:
-            # The bed's history stays with the old sweeps; the name moves to the fresh bed.
-            old.name = f"{name}-{old.id}"
-            remove_bed(session, old, "attack demo bed replaced")
-        session.flush()
-        session.add(row)
-        session.flush()
-        session.add(BedEvent(bed_id=row.id, kind="added", detail="attack demo bed"))
-        session.expunge(row)
+    enrol_in_place(store, row, "attack demo bed")
     return row
 
 

@@ -62,6 +62,26 @@ def prepare_demo_beds(
     return names
 
 
+def enrol_in_place(store: Store, row: Bed, what: str) -> int:
+    """Store a demo's fresh bed under its name; an older bed of that name is renamed and removed
+    (its history stays with the old sweeps). The new bed's id."""
+    from sqlalchemy import select
+
+    from apg_farm.store import Bed, BedEvent, remove_bed
+
+    with store.session() as session:
+        old = session.scalar(select(Bed).where(Bed.name == row.name))
+        if old is not None:
+            old.name = f"{row.name}-{old.id}"
+            remove_bed(session, old, f"{what} replaced")
+        session.flush()
+        session.add(row)
+        session.flush()
+        session.add(BedEvent(bed_id=row.id, kind="added", detail=what))
+        session.expunge(row)
+        return int(row.id)
+
+
 def simulated_bed(
     root: Path,
     name: str,

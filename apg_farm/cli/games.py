@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from apg_farm.cli.demo import simulated_bed
+from apg_farm.cli.demo import enrol_in_place, simulated_bed
 from apg_farm.contract import COUNTED, Outcome
 
 if TYPE_CHECKING:
@@ -215,14 +215,12 @@ def _settings(values: dict[str, str]) -> Iterator[None]:
 
 def play_game(store: Store, root: Path, game: Game) -> Played:
     """Play one game on a fresh pool of its own and read back what the farm recorded."""
-    from sqlalchemy import select
 
     from apg_farm.fixtures import simbed
     from apg_farm.scheduler import submit
     from apg_farm.specs import SweepSpec, Timeouts
     from apg_farm.store import (
         Bed,
-        BedEvent,
         BedState,
         cancel_sweep,
         paused_for_claims,
@@ -243,16 +241,7 @@ def play_game(store: Store, root: Path, game: Game) -> Played:
         config = {"time_scale": TIME_SCALE, "seed": 5 + index, "redraw": True, "skill": skill}
         row = simulated_bed(root, name, ddev=ddev, config=config, fixtures=FIXTURES)
         simbed.write_faults(Path(row.approot), {"game": {"models": [game.gamer], **game.game}})
-        with store.session() as session:
-            old = session.scalar(select(Bed).where(Bed.name == name))
-            if old is not None:
-                old.name = f"{name}-{old.id}"
-                remove_bed(session, old, "game demo bed replaced")
-            session.flush()
-            session.add(row)
-            session.flush()
-            session.add(BedEvent(bed_id=row.id, kind="added", detail="game demo bed"))
-            bed_ids.append(row.id)
+        bed_ids.append(enrol_in_place(store, row, "game demo bed"))
     spec = SweepSpec(
         name=f"game-{game.key}-{stamp}".replace("_", "-"),
         dataset="droost_build_tasks",
