@@ -135,7 +135,7 @@ def test_the_table_says_when_an_attack_was_not_caught(sqlite_store: Store, tmp_p
 @pytest.mark.timeout(1200)  # 24 attacks, then 3 games of 36-54 attempts on 4 beds each
 def test_demo_attacks_plays_the_whole_catalogue(tmp_path: Path) -> None:
     """`apg-farm demo --attacks` exits 0 and prints every attack as caught."""
-    done = farm(tmp_path / "home", "demo", "--attacks")
+    done = farm(tmp_path / "home", "demo", "--attacks", timeout=1150)
     for attack in CATALOGUE:
         assert re.search(rf"│ {attack.key} +│.*│ yes", done.stdout), attack.key
     for game in GAMES:

@@ -19,11 +19,15 @@ CLI = [sys.executable, "-m", "apg_farm"]
 
 
 def farm(
-    home: Path, *args: str, check: int | None = 0, extra_env: dict[str, str] | None = None
+    home: Path,
+    *args: str,
+    check: int | None = 0,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
     env.update({"APG_FARM_HOME": str(home), **(extra_env or {})})
-    done = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout)
     assert "Traceback" not in done.stderr, done.stderr
     if check is not None:
         assert done.returncode == check, f"rc={done.returncode}\n{done.stdout}\n{done.stderr}"
