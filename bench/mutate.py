@@ -50,6 +50,7 @@ ENGINE = "workers/engine.py"
 WORKTREE = "apg_farm/workers/worktree.py"
 WORKTREE_SCRIPT = "apg_farm/beds/worktree.py"
 RERUN_SEAL = "apg_farm/results/sealing.py"
+SECRET_ENV = "apg_farm/secret_env.py"
 
 T_OUTCOMES = "tests/test_outcomes.py"
 T_ENVELOPE = "tests/test_envelope.py"
@@ -606,6 +607,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "            return Refusal(\n                Why.BED_BUSY,",
         "            return Refusal(\n                Why.EXCLUDED,",
         "tests/test_lifecycle.py::test_a_bed_holding_a_live_lease_says_so",
+    ),
+    # --- the farm's secrets out of /proc (#29), as `demo --attacks` plays it -------------------
+    m(
+        "secrets-left-in-environ",
+        SECRET_ENV,
+        "        if moved:\n            _reexec_without(moved)",
+        "        if moved and False:\n            _reexec_without(moved)",
+        f"{T_ATTACKS}::test_every_attack_ends_as_catalogued[read_proc]",
     ),
 )
 

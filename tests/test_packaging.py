@@ -16,7 +16,12 @@ from apg_farm.fixtures import simbed
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The modules that may import the simulated bed, each only inside a function.
-DEMOS = {"apg_farm/cli/demo.py", "apg_farm/cli/attacks.py", "apg_farm/cli/games.py"}
+DEMOS = {
+    "apg_farm/cli/demo.py",
+    "apg_farm/cli/attacks.py",
+    "apg_farm/cli/games.py",
+    "apg_farm/cli/proc_peek.py",
+}
 
 
 def _simbed_imports(path: Path) -> list[tuple[int, bool]]:

@@ -20,6 +20,7 @@ from rich.table import Table
 from apg_farm.cli.common import err, out
 from apg_farm.cli.demo import enrol_in_place, simulated_bed
 from apg_farm.cli.games import GAMES, games_table, play_game
+from apg_farm.cli.proc_peek import run_in_farm_process, what_the_agent_found
 from apg_farm.contract import Outcome
 from apg_farm.store import BedState
 
@@ -66,6 +67,8 @@ class Attack:
     run_timeout: float = 30.0
     #: config.json keys of the bed, over the catalogue's.
     config: dict[str, Any] | None = None
+    #: Played by `apg-farm run` as a process of its own holding canary secrets (proc_peek.py).
+    farm_process: bool = False
 
     def bed_faults(self) -> dict[str, Any]:
         return self.faults if self.faults is not None else {self.key: True}
@@ -267,6 +270,16 @@ CATALOGUE: tuple[Attack, ...] = (
         faults={"game": {"how": "hang"}},
         run_timeout=0.5,
     ),
+    Attack(
+        "read_proc",
+        "on a host-only bed, reads every /proc/<pid>/environ and cmdline it can open, the farm "
+        "process's among them, for the operator's secrets",
+        "the farm process re-execs itself without its secrets in its environment block and is "
+        "non-dumpable: the agent finds no value of them; graded as usual",
+        Outcome.FAILED,
+        results=("FAILED",),
+        farm_process=True,
+    ),
 )
 
 
@@ -279,11 +292,15 @@ class Recorded:
     results: list[str] = field(default_factory=list)
     bed_state: str = ""
     bed_reason: str | None = None
+    #: What the attack found that the catalogue says it cannot (a secret it read, proc_peek.py).
+    found: list[str] = field(default_factory=list)
 
     @property
     def as_catalogued(self) -> bool:
         quarantined = self.bed_state == BedState.QUARANTINED
         want = self.attack
+        if self.found:
+            return False
         if self.outcome != want.outcome or quarantined != (want.quarantine is not None):
             return False
         if want.quarantine and want.quarantine not in (self.bed_reason or ""):
@@ -368,23 +385,36 @@ def run_attack(
     # of the model's allowance of unchecked claims (store/claim_gates.py) starts anew.
     release_model(store, MODEL)
     bed = _fresh_bed(store, root, attack, image=image, web_commands=web_commands)
-    sweep_id = submit(store, _spec(attack)).sweep_id
-    EmbeddedExecutor(store, sweep_id, start_window=START_WINDOW).run()
+    farm = None
+    if attack.farm_process:
+        farm = run_in_farm_process(store, root / "sweeps", _spec(attack))
+        if farm.sweep_id is None:
+            with store.session() as session:
+                remove_bed(session, session.get_one(Bed, bed.id), "attack demo done")
+            return Recorded(attack, None, found=[farm.failed or "no sweep"])
+        sweep_id = farm.sweep_id
+    else:
+        sweep_id = submit(store, _spec(attack)).sweep_id
+        EmbeddedExecutor(store, sweep_id, start_window=START_WINDOW).run()
     with store.session() as session:
         attempt = session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)).one()
-        results = list(
-            session.scalars(
-                select(Execution.result)
-                .where(Execution.attempt_id == attempt.id)
-                .order_by(Execution.number)
-            )
-        )
+        executions = session.execute(
+            select(Execution.id, Execution.result)
+            .where(Execution.attempt_id == attempt.id)
+            .order_by(Execution.number)
+        ).all()
         row = session.get_one(Bed, bed.id)
         recorded = Recorded(
-            attack, attempt.outcome, [r or "" for r in results], row.state, row.state_reason
+            attack,
+            attempt.outcome,
+            [e.result or "" for e in executions],
+            row.state,
+            row.state_reason,
         )
         # The attack beds share one pool: this one leaves it, so the next attack meets its own.
         remove_bed(session, row, "attack demo done")
+    if farm is not None:
+        recorded.found = what_the_agent_found(store, [e.id for e in executions], farm)
     if recorded.outcome is None:
         # A bed quarantined before the attempt finished leaves it queued, and no other bed may
         # take it (the pool is the bed's own): the demo closes the sweep.
@@ -435,6 +465,13 @@ def attacks_table(recorded: list[Recorded]) -> Table:
             str(r.outcome),
             ", ".join(r.results),
             escape(bed[:160]),
-            "[green]yes[/]" if r.as_catalogued else f"[red]no[/] (expected {r.attack.outcome})",
+            "[green]yes[/]" if r.as_catalogued else f"[red]no[/] ({escape(_wrong(r))})",
         )
     return table
+
+
+def _wrong(recorded: Recorded) -> str:
+    """Why an attack is not as catalogued, in a few words for its table cell."""
+    if recorded.found:
+        return "; ".join(recorded.found)
+    return f"expected {recorded.attack.outcome}"
