@@ -51,6 +51,7 @@ WORKTREE = "apg_farm/workers/worktree.py"
 WORKTREE_SCRIPT = "apg_farm/beds/worktree.py"
 RERUN_SEAL = "apg_farm/results/sealing.py"
 SECRET_ENV = "apg_farm/secret_env.py"
+INSPECT_SANDBOX = "apg_farm/inspect/sandbox.py"
 
 T_OUTCOMES = "tests/test_outcomes.py"
 T_ENVELOPE = "tests/test_envelope.py"
@@ -64,6 +65,7 @@ T_STATS = "tests/test_stats.py"
 T_ENGINE = "tests/test_engine.py"
 T_ATTACKS = "tests/test_attacks.py"
 T_WORKTREE = "tests/test_worktree.py"
+REFUSED = "tests/test_inspect_eval.py::test_a_sample_whose_provider_refused_its_first_call_is_run_again_at_no_cost"
 
 
 @dataclass(frozen=True)
@@ -615,6 +617,29 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if moved:\n            _reexec_without(moved)",
         "        if moved and False:\n            _reexec_without(moved)",
         f"{T_ATTACKS}::test_every_attack_ends_as_catalogued[read_proc]",
+    ),
+    # --- an Inspect sample whose model never acted (#29) ----------------------------------------
+    m(
+        "never-acted-scored",
+        ENGINE,
+        "        if end.never_acted:\n            return never_acted(end)",
+        "        if False:\n            return never_acted(end)",
+        REFUSED,
+    ),
+    m(
+        "unanswered-means-acted",
+        INSPECT_SANDBOX,
+        "        isinstance(e, ToolEvent) or (isinstance(e, ModelEvent) and e.error is None)",
+        "        isinstance(e, ToolEvent) or isinstance(e, ModelEvent)",
+        "tests/test_inspect_never_acted.py",
+        REFUSED,
+    ),
+    m(
+        "answered-means-never-acted",
+        INSPECT_SANDBOX,
+        "        isinstance(e, ToolEvent) or (isinstance(e, ModelEvent) and e.error is None)",
+        "        isinstance(e, ToolEvent) and (isinstance(e, ModelEvent) and e.error is None)",
+        "tests/test_inspect_never_acted.py",
     ),
 )
 

@@ -67,7 +67,13 @@ REPRODUCED: Try = (
 
 
 def test_the_kinds_split_the_farms_from_the_agents() -> None:
-    assert set(FARM_KINDS) == {"lease_lost", "farm_error", "link_failed", "farm_reproduced"}
+    assert set(FARM_KINDS) == {
+        "lease_lost",
+        "farm_error",
+        "link_failed",
+        "farm_reproduced",
+        "no_model_call",
+    }
     assert set(SECOND_CHANCE_KINDS) == {
         "provider_trouble",
         "adapter_not_started",

@@ -334,6 +334,57 @@ def test_a_sample_that_errors_after_its_agent_acted_counts_and_is_not_rerun(tmp_
 
 
 @pytest.mark.slow
+def test_a_sample_whose_provider_refused_its_first_call_is_run_again_at_no_cost(
+    tmp_path: Path,
+) -> None:
+    """The provider refuses each sample's first call (Inspect meters no call, the sandbox ran no
+    command): the model never acted, which nothing the agent writes can say, so the attempt is
+    run again, as the farm's own kind of re-run (the headline does not count it), the bed not
+    charged; Inspect's retry takes the attempt and the model builds: PASSED."""
+    from apg_farm.results import analyse, find_sweep
+
+    refusals = tmp_path / "refusals"
+    refusals.mkdir()
+    with container_pool(tmp_path / "pool", bed_image(), 1, prefix="ir") as (store, beds, config):
+        argv, env = _inspect(
+            tmp_path,
+            str(config.database_url),
+            beds[0].name,
+            ["-T", "script=refused_once", "-T", "tasks=dv01_view_build", "--retry-on-error", "2"],
+            sweep="refused",
+        )
+        env.update(
+            APG_FARM_TEST_REFUSALS=str(refusals),
+            APG_FARM_PROVIDER_BACKOFF="0.5",
+            APG_FARM_PROVIDER_BACKOFF_MAX="2",
+        )
+        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert sorted(p.name for p in refusals.iterdir()) == [
+            "strong-dv01_view_build",
+            "weak-dv01_view_build",
+        ]
+        attempts, executions, _ = _rows(store, "refused")
+        assert sorted((a.model, a.outcome) for a in attempts) == [
+            ("mockllm/strong", "PASSED"),
+            ("mockllm/weak", "PASSED"),
+        ], done.stdout[-3000:] + done.stderr[-3000:]
+        by_attempt = {
+            a.id: [(e.result, e.rerun_kind) for e in executions if e.attempt_id == a.id]
+            for a in attempts
+        }
+        for runs in by_attempt.values():
+            assert runs == [("RETRY", "no_model_call"), ("PASSED", None)], by_attempt
+        with store.read() as session:
+            bed = session.scalars(select(Bed)).one()
+            assert (bed.state, bed.consecutive_errors) == ("active", 0), bed.state_reason
+        models = analyse(store, find_sweep(store, "refused"))["models"]
+        assert {m["model"]: m["pass_rate"] for m in models} == {
+            "mockllm/strong": 1.0,
+            "mockllm/weak": 1.0,
+        }
+
+
+@pytest.mark.slow
 def test_a_ddev_hook_planted_in_a_sample_never_runs_on_the_host(tmp_path: Path) -> None:
     """The agent writes an `exec-host:` hook into `.ddev/` and makes another call: its calls go
     by `docker exec`, never through `ddev` on the host, so the hook does not run there; and the

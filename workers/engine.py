@@ -125,7 +125,7 @@ from apg_farm.workers.container_state import (
 from apg_farm.workers.container_state import Listing as ContainerListing
 from apg_farm.workers.evidence import EvidenceKeeper
 from apg_farm.workers.git_isolation import clean_git
-from apg_farm.workers.harness import Harness, HarnessEnd
+from apg_farm.workers.harness import Harness, HarnessEnd, never_acted
 from apg_farm.workers.host_files import FIND_LIMIT, find_argv, judge_host_files
 from apg_farm.workers.kept_paths import clean_kept
 from apg_farm.workers.pinning import DatasetPins
@@ -1082,6 +1082,8 @@ class _Attempt:
             # The harness stopped the sample (a person's interrupt): never the model's failure.
             # The bed stays "agent not confirmed stopped": the next attempt there restarts it.
             raise _Cancelled("interrupted: the harness cancelled the sample")
+        if end.never_acted:
+            return never_acted(end)
         return Verdict("continue", end.summary)
 
     @property

@@ -7,7 +7,9 @@ it would run `ai-eval-run`, and judges what the harness's agent left exactly as 
 
 `HandOver` is that hand-over for a harness that acts from another thread: the engine's thread
 waits in `run` until the harness says its agent is done (`end`), renewing the lease meanwhile.
-Nothing the harness says about the agent is a verdict: it only ends the wait.
+Nothing the harness says about the agent is a verdict: it ends the wait, and its own counts, which
+the agent cannot write (the model calls it metered, the commands its sandbox ran), can say the
+agent never acted at all (`never_acted`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from apg_farm.contract import Usage
+from apg_farm.contract import Usage, Verdict
 
 if TYPE_CHECKING:
     from apg_farm.transports import Transport
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 
 #: Seconds between two looks at the lease and the sweep while the harness's agent acts.
 POLL = 0.5
+#: The re-run kind and provider trouble of a sample whose agent never acted (rerun_kinds).
+NO_MODEL_CALL = "no_model_call"
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,24 @@ class HarnessEnd:
     #: What the agent's model calls cost, as the harness metered them (it makes the calls; the
     #: agent cannot write this): the execution's cost and tokens, and the spend budgets count.
     usage: Usage | None = None
+    #: The harness metered no model call and its sandbox ran no command in the bed: the model
+    #: never acted. Both counts are the harness's own; False when it cannot tell (a timeout).
+    never_acted: bool = False
+
+
+def never_acted(end: HarnessEnd) -> Verdict:
+    """The re-run of a sample whose model never acted: a provider that refused its first call,
+    a harness that failed before it. Without a model call the agent could not act, so nothing it
+    wrote decides this: a re-run the farm observed (it costs the model nothing in the headline)
+    and the provider's, not the bed's (the bed's count does not move; the model's breaker opens,
+    so a provider that stays down is waited out, not hammered)."""
+    return Verdict(
+        "retry",
+        f"{end.summary}: the harness metered no model call and its sample ran no command in "
+        "the bed, so the model never acted",
+        provider_trouble=NO_MODEL_CALL,
+        farm_cause=NO_MODEL_CALL,
+    )
 
 
 class Seat(Protocol):
@@ -103,6 +125,7 @@ class HandOver:
         self._interrupted = False
         self._summary = "the harness's agent ended"
         self._usage: Usage | None = None
+        self._never_acted = False
 
     def prepare(self, seat: Seat) -> str | None:
         return self._prepare(seat) if self._prepare else None
@@ -112,11 +135,13 @@ class HandOver:
         self.ready.set()
         try:
             waited = 0.0
+            ended = True
             while not self._ended.wait(POLL):
                 seat.check_boundary()
                 waited += POLL
                 if waited >= self.timeout:
                     self._summary = f"the harness's agent did not end within {self.timeout:g} s"
+                    ended = False
                     break
         finally:
             self.closed.set()
@@ -126,14 +151,23 @@ class HandOver:
             summary=self._summary,
             interrupted=self._interrupted,
             usage=self._usage,
+            never_acted=ended and self._never_acted,
         )
 
     def end(
-        self, *, interrupted: bool = False, summary: str | None = None, usage: Usage | None = None
+        self,
+        *,
+        interrupted: bool = False,
+        summary: str | None = None,
+        usage: Usage | None = None,
+        never_acted: bool = False,
     ) -> None:
-        """The harness's agent is done (or was interrupted): the engine judges the bed now."""
+        """The harness's agent is done (or was interrupted): the engine judges the bed now.
+        `never_acted`: no model call metered and no command run by the sample (the harness's
+        own counts)."""
         self._interrupted = interrupted
         self._usage = usage
+        self._never_acted = never_acted
         if summary:
             self._summary = summary
         self._ended.set()

@@ -30,11 +30,13 @@ KINDS = (
     "farm_error",
     "link_failed",
     "farm_reproduced",
+    "no_model_call",
     "other",
 )
 
 #: Re-runs the farm caused or observed itself: the agent cannot have bought them.
-FARM_KINDS = ("lease_lost", "farm_error", "link_failed", "farm_reproduced")
+#: "no_model_call": a harness's sample whose model never acted, by the harness's own counts.
+FARM_KINDS = ("lease_lost", "farm_error", "link_failed", "farm_reproduced", "no_model_call")
 
 #: Re-runs that rest on what the agent could write (its record, its output, its run's timing):
 #: the headline counts an attempt with one as not passed ("other" included: unknown is not the

@@ -200,11 +200,14 @@ class SampleBed:
             input=input,
         )
 
-    def finish(self, usage: Usage | None = None) -> AttemptReport:
+    def finish(self, usage: Usage | None = None, *, answered: bool | None = None) -> AttemptReport:
         """The agent is done: the engine judges the bed (stop what the agent left, the DDEV
         configuration, the trusted verify, the grade) and records the verdict, with what the
-        sample's model calls cost (`usage`, as Inspect metered them)."""
-        return self._end(interrupted=False, usage=usage)
+        sample's model calls cost (`usage`, as Inspect metered them). `answered` False (Inspect's
+        transcript shows no model call answered and no tool call) with no call metered: the
+        model never acted, and the sample is run again (harness.never_acted); None: unknown."""
+        never = usage is None and answered is False
+        return self._end(interrupted=False, usage=usage, never_acted=never)
 
     def abandon(self) -> AttemptReport:
         """The sample was interrupted: the attempt ends CANCELLED, the bed marked for a restart."""
@@ -214,10 +217,12 @@ class SampleBed:
     def report(self) -> AttemptReport | None:
         return self._reports[0] if self._reports else None
 
-    def _end(self, *, interrupted: bool, usage: Usage | None = None) -> AttemptReport:
+    def _end(
+        self, *, interrupted: bool, usage: Usage | None = None, never_acted: bool = False
+    ) -> AttemptReport:
         if not self._ended:
             self._ended = True
-            self._handover.end(interrupted=interrupted, usage=usage)
+            self._handover.end(interrupted=interrupted, usage=usage, never_acted=never_acted)
         self._thread.join()
         if not self._reports:
             raise NoBedReady(f"the engine on bed {self.bed_name} stopped without a verdict")

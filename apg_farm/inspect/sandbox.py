@@ -175,7 +175,10 @@ class ApgSandboxEnvironment(SandboxEnvironment):
                     if cancelled:
                         await _in_thread(bed.abandon)
                     else:
-                        await _in_thread(functools.partial(bed.finish, sample_usage()))
+                        finish = functools.partial(
+                            bed.finish, sample_usage(), answered=model_answered()
+                        )
+                        await _in_thread(finish)
 
     @override
     @classmethod
@@ -186,9 +189,9 @@ class ApgSandboxEnvironment(SandboxEnvironment):
 
     async def judge(self) -> AttemptReport:
         """End the agent's turn: the engine judges the bed and records the verdict (once)."""
-        usage = sample_usage()
+        usage, answered = sample_usage(), model_answered()
         with anyio.CancelScope(shield=True):
-            report = await _in_thread(lambda: self.bed.finish(usage))
+            report = await _in_thread(lambda: self.bed.finish(usage, answered=answered))
         return report
 
     # -- commands in the web container ---------------------------------------------------------
@@ -317,6 +320,25 @@ def sample_usage() -> Usage | None:
         cache_read_tokens=sum(u.input_tokens_cache_read or 0 for u in metered),
         cache_write_tokens=sum(u.input_tokens_cache_write or 0 for u in metered),
         status="inspect",
+    )
+
+
+def model_answered() -> bool | None:
+    """Whether the sample's model answered a call, by Inspect's transcript of it: a model event
+    without an error, or any tool call (which only an answer can make). None when the transcript
+    cannot tell: unreadable, or cut (a bounded transcript keeps only its tail)."""
+    try:
+        from inspect_ai.event import ModelEvent, ToolEvent
+        from inspect_ai.log._transcript import transcript
+
+        current = transcript()
+        events = list(current.events)
+    except Exception:  # Inspect's internals moved: the farm cannot tell
+        return None
+    if getattr(current, "_events_truncated", True):
+        return None
+    return any(
+        isinstance(e, ToolEvent) or (isinstance(e, ModelEvent) and e.error is None) for e in events
     )
 
 

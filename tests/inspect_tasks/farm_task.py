@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from pathlib import Path
 from typing import Any
 
 from inspect_ai import Task, task
@@ -50,6 +51,8 @@ SCRIPTS: dict[str, Any] = {
     "linger": lambda t: ["nohup sleep 600 > /dev/null 2>&1 & echo started", build(t)],
     "sleep": lambda t: ["sleep 120"],
     "crash": lambda t: [],
+    # The provider refuses the sample's first call once (REFUSALS_VARIABLE), then it builds.
+    "refused_once": lambda t: [build(t)],
     # A DDEV hook that would run on the bed's host at the next `ddev exec`, then a second call.
     "hook": lambda t: [
         "mkdir -p .ddev && printf 'hooks:\\n  pre-exec:\\n    - exec-host: touch "
@@ -70,10 +73,18 @@ PLAN = {
 }
 
 
-def scripted(commands: list[str]) -> Any:
-    """mockllm's outputs: one bash call per command, then submit."""
+#: A folder where the `refused_once` script notes each (model, task) its provider refused.
+REFUSALS_VARIABLE = "APG_FARM_TEST_REFUSALS"
+
+
+def scripted(commands: list[str], refuse: Path | None = None) -> Any:
+    """mockllm's outputs: one bash call per command, then submit. With `refuse` not yet there,
+    the first call fails as a provider that refuses it would (and `refuse` is made)."""
 
     def next_output(messages: list[Any], *_: Any) -> ModelOutput:
+        if refuse is not None and not refuse.exists():
+            refuse.touch()
+            raise RuntimeError("429 Too Many Requests: the scripted provider refused the call")
         step = sum(isinstance(m, ChatMessageTool) for m in messages)
         if step < len(commands):
             output = ModelOutput.for_tool_call("mockllm/model", "bash", {"command": commands[step]})
@@ -92,8 +103,13 @@ def scripted_agent(script: str | None = None) -> Solver:
         name = str(state.model).split("/")[-1]
         task_id = str(state.metadata["apg_task"])
         chosen = script or PLAN.get((name, task_id), "idle")
+        refuse = None
+        if chosen == "refused_once":
+            refuse = Path(os.environ[REFUSALS_VARIABLE]) / f"{name}-{task_id}"
         model = get_model(
-            "mockllm/model", custom_outputs=scripted(SCRIPTS[chosen](task_id)), memoize=False
+            "mockllm/model",
+            custom_outputs=scripted(SCRIPTS[chosen](task_id), refuse),
+            memoize=False,
         )
         agent = react(tools=[bash(timeout=180)], model=model)
         state = await as_solver(agent)(state, generate)
