@@ -52,6 +52,7 @@ WORKTREE_SCRIPT = "apg_farm/beds/worktree.py"
 RERUN_SEAL = "apg_farm/results/sealing.py"
 SECRET_ENV = "apg_farm/secret_env.py"
 INSPECT_SANDBOX = "apg_farm/inspect/sandbox.py"
+INSPECT_SCORER = "apg_farm/inspect/scorer.py"
 
 T_OUTCOMES = "tests/test_outcomes.py"
 T_ENVELOPE = "tests/test_envelope.py"
@@ -640,6 +641,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "        isinstance(e, ToolEvent) or (isinstance(e, ModelEvent) and e.error is None)",
         "        isinstance(e, ToolEvent) and (isinstance(e, ModelEvent) and e.error is None)",
         "tests/test_inspect_never_acted.py",
+    ),
+    m(
+        "scorer-final-outcome",
+        INSPECT_SCORER,
+        "    counted = headline_outcome(report.outcome, bought)",
+        "    counted = headline_outcome(report.outcome, False)",
+        "tests/test_inspect_scorer.py",
     ),
 )
 

@@ -149,6 +149,7 @@ from apg_farm.store.rules import finish_draining, holds_attempt, reopen_sweep
 from apg_farm.store.second_chances import (
     ADDED_TO_DENOMINATOR,
     bought_sql,
+    had_second_chance,
     headline_counted_sql,
     headline_passed_sql,
     rerun_kind_sql,
@@ -246,6 +247,7 @@ __all__ = [
     "find_pin",
     "finish_draining",
     "finish_upgrade",
+    "had_second_chance",
     "headline_counted_sql",
     "headline_passed_sql",
     "hold_for_canary",

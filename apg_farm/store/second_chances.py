@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, case, exists, func, literal, or_, select
 
 from apg_farm.contract import COUNTED, KINDS, SECOND_CHANCE_KINDS, TEXT_RULES, Outcome
+from apg_farm.store.db import Store
 from apg_farm.store.models import Attempt, Execution
 
 #: Execution results that gave the attempt no outcome: it was run again.
@@ -78,3 +79,11 @@ def headline_counted_sql(bought: ColumnElement[bool] | None = None) -> ColumnEle
             bought if bought is not None else bought_sql(),
         ),
     )
+
+
+def had_second_chance(store: Store, attempt_id: int) -> bool:
+    """The attempt had a re-run after its agent started of a kind the agent could have bought:
+    what one attempt's headline outcome rests on (contract.headline_outcome)."""
+    with store.read() as session:
+        query = select(Execution.id).where(Execution.attempt_id == attempt_id, second_chance_sql())
+        return session.scalar(select(exists(query))) is True
