@@ -414,7 +414,8 @@ def run_attack(
         # The attack beds share one pool: this one leaves it, so the next attack meets its own.
         remove_bed(session, row, "attack demo done")
     if farm is not None:
-        recorded.found = what_the_agent_found(store, [e.id for e in executions], farm)
+        ids = [e.id for e in executions]
+        recorded.found = what_the_agent_found(store, ids, farm, host_only=image is None)
     if recorded.outcome is None:
         # A bed quarantined before the attempt finished leaves it queued, and no other bed may
         # take it (the pool is the bed's own): the demo closes the sweep.

@@ -80,9 +80,12 @@ def run_in_farm_process(store: Store, folder: Path, spec: SweepSpec) -> FarmProc
     return FarmProcess(process.pid, canaries, sweep_id, failed)
 
 
-def what_the_agent_found(store: Store, execution_ids: list[int], farm: FarmProcess) -> list[str]:
-    """Each way the agent's reads break the rule: a canary's value in what it read, the farm's
-    entry missing from it, its file not kept; none when the farm's secrets stayed out of reach."""
+def what_the_agent_found(
+    store: Store, execution_ids: list[int], farm: FarmProcess, *, host_only: bool = True
+) -> list[str]:
+    """Each way the agent's reads break the rule: a canary's value in what it read, its file not
+    kept, and on a host-only bed the farm's entry missing from it (in a web container the agent
+    sees the container's processes only); none when the farm's secrets stayed out of reach."""
     from apg_farm.errors import FarmError
     from apg_farm.fixtures.simbed.ddev import PROC_READ_FILE
     from apg_farm.store import list_evidence, read_evidence
@@ -102,9 +105,9 @@ def what_the_agent_found(store: Store, execution_ids: list[int], farm: FarmProce
         return [f"no {PROC_READ_FILE} kept in the attempt's evidence"]
     found = []
     for read in reads:
-        if farm.pid not in read.get("ancestors", []):
+        if host_only and farm.pid not in read.get("ancestors", []):
             found.append(f"the farm process {farm.pid} is not among the agent's ancestors")
-        if str(farm.pid) not in read.get("processes", {}):
+        if host_only and str(farm.pid) not in read.get("processes", {}):
             found.append(f"the agent did not read the farm process {farm.pid}")
         text = json.dumps(read.get("processes"))
         found += [
