@@ -53,6 +53,7 @@ RERUN_SEAL = "apg_farm/results/sealing.py"
 SECRET_ENV = "apg_farm/secret_env.py"
 INSPECT_SANDBOX = "apg_farm/inspect/sandbox.py"
 INSPECT_SCORER = "apg_farm/inspect/scorer.py"
+WORKER_CLAIMS = "workers/claims.py"
 
 T_OUTCOMES = "tests/test_outcomes.py"
 T_ENVELOPE = "tests/test_envelope.py"
@@ -648,6 +649,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "    counted = headline_outcome(report.outcome, bought)",
         "    counted = headline_outcome(report.outcome, False)",
         "tests/test_inspect_scorer.py",
+    ),
+    # --- an install claim on a container bed: checked in a restarted container (#29) -----------
+    m(
+        "claim-install-unrestarted",
+        WORKER_CLAIMS,
+        "    if attempt.bed.web_container and attempt.claim.spec.agent == CHECKED_ADAPTER:",
+        "    if False:",
+        "tests/test_container_claims.py",
     ),
 )
 
