@@ -658,6 +658,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         "tests/test_container_claims.py",
     ),
+    m(
+        "project-change-refuted",
+        WORKER_CLAIMS,
+        '    if state == "changed":',
+        '    if state == "never":',
+        "tests/test_claims.py::test_an_honest_project_change_quarantines_its_bed_and_costs_nothing",
+    ),
 )
 
 

@@ -247,3 +247,33 @@ def test_believed_claims_are_no_failures_of_the_bed(
     assert len(unchecked) >= 6, unchecked  # believed again and again, by the start window
     assert outcomes == [Outcome.NO_ATTEMPT] * 2, outcomes
     assert all(state == BedState.ACTIVE for _, state, _ in states), states
+
+
+def test_an_honest_project_change_quarantines_its_bed_and_costs_nothing(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """The operator left an uncommitted CLAUDE.md on one bed of two, and enrolled it so: the
+    adapter refuses every run there (APG_CLAUDE_PROJECT_CHANGED, as APG's README says), and the
+    farm's own reading of the agent files before the run shows the same. Reproduced: the bed is
+    quarantined, each attempt that met it is retried on the other bed at no cost."""
+    from apg_farm.beds import record_escrow_set
+
+    store = sqlite_store
+    made = make_beds(store, tmp_path, 2)
+    (Path(made[0].approot) / "CLAUDE.md").write_text("the operator's notes, not committed\n")
+    record_escrow_set(store, made[0], made[0].escrow_set or "")
+    sweep_id = submit(store, spec(tasks=1, models=1, trials=3)).sweep_id
+    assert EmbeddedExecutor(store, sweep_id).run().errors == []
+    with store.read() as session:
+        attempts = session.scalars(select(Attempt)).all()
+        executions = session.scalars(select(Execution)).all()
+        bad = session.get_one(Bed, made[0].id)
+    on_bad = [e for e in executions if e.bed_id == bad.id]
+    assert on_bad, "the changed bed took no attempt"
+    for execution in on_bad:
+        assert execution.result == "RETRY" and execution.rerun_kind == "farm_reproduced"
+        assert "APG_CLAUDE_PROJECT_CHANGED" in (execution.reason or ""), execution.reason
+    assert bad.state == BedState.QUARANTINED, bad.state_reason
+    assert all(a.outcome in COUNTED for a in attempts), [(a.outcome, a.reason) for a in attempts]
+    [model] = analyse(store, find_sweep(store, str(sweep_id)))["models"]
+    assert model["pass_rate"] == model["final_rate"], model
