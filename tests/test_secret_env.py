@@ -315,3 +315,34 @@ def test_celery_workers_hold_no_secret_an_agent_can_read(tmp_path: Path) -> None
         text = json.dumps(processes)
         found = sorted(name for name, value in values.items() if value in text)
         assert found == [], f"the agent read {found} from /proc"
+
+
+_INSPECT_TASK_INIT = """
+import anyio, ctypes, sys
+from apg_farm.inspect.sandbox import ApgSandboxEnvironment
+try:
+    anyio.run(ApgSandboxEnvironment.task_init, "t", sys.argv[1])
+except Exception as error:  # an empty pool: the check after the flag
+    print(type(error).__name__)
+print("dumpable", ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))  # PR_GET_DUMPABLE
+"""
+
+
+def test_the_inspect_sandbox_makes_inspects_process_non_dumpable(tmp_path: Path) -> None:
+    """`inspect eval` is not started by the farm, so its environment block is Inspect's; the
+    `apg` sandbox's first `task_init` turns its dumpable flag off (before the pool check, which
+    fails here on a store without beds)."""
+    pytest.importorskip("inspect_ai")
+    config = tmp_path / "apg.yaml"
+    config.write_text(yaml.safe_dump({"database_url": f"sqlite:///{tmp_path / 'farm.db'}"}))
+    Store(f"sqlite:///{tmp_path / 'farm.db'}").dispose()
+    done = subprocess.run(
+        [sys.executable, "-c", _INSPECT_TASK_INIT, str(config)],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.stdout.splitlines()[-1] == "dumpable 0", done.stdout + done.stderr

@@ -36,6 +36,7 @@ from apg_farm.errors import BadInput
 from apg_farm.inspect import container
 from apg_farm.inspect.config import ApgConfig, load_config, parse_config
 from apg_farm.inspect.sample_bed import SampleBed, SampleKey
+from apg_farm.secret_env import set_non_dumpable
 from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec
 from apg_farm.store import Bed, BedState, Store
@@ -113,7 +114,11 @@ class ApgSandboxEnvironment(SandboxEnvironment):
     @override
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        """One clear error before any sample when the pool has no bed the farm would use."""
+        """One clear error before any sample when the pool has no bed the farm would use. First,
+        Inspect's process is made non-dumpable: it runs the farm's bed commands and holds the
+        model providers' keys, so no other process of its user may read its environ or memory
+        (its environment block itself stays as Inspect started it: docs/operations.md)."""
+        set_non_dumpable()
         settings = load_config(config)
         await _in_thread(lambda: check_pool(store_for(settings), settings))
 
