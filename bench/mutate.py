@@ -665,6 +665,13 @@ MUTANTS: tuple[Mutant, ...] = (
         '    if state == "never":',
         "tests/test_claims.py::test_an_honest_project_change_quarantines_its_bed_and_costs_nothing",
     ),
+    m(
+        "lost-on-host-is-the-farms",
+        CLAIMS,
+        "                    LOST_ON_HOST,\n                ),\n                else_=",
+        '                    "lease_lost",\n                ),\n                else_=',
+        "tests/test_store.py::test_a_lease_lost_on_the_workers_host_after_the_agent_started_is_the_agents",
+    ),
 )
 
 

@@ -76,6 +76,7 @@ def test_the_kinds_split_the_farms_from_the_agents() -> None:
     }
     assert set(SECOND_CHANCE_KINDS) == {
         "provider_trouble",
+        "lost_on_host",
         "adapter_not_started",
         "timeout_or_transport",
         "grade_failed",

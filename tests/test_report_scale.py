@@ -157,7 +157,7 @@ def _old_dataset_hashes(store: Store, sweep: Sweep) -> dict[str, Any]:
 
 #: Re-runs the farm caused or observed: written out here, not imported, so that a change to the
 #: production list shows up as a difference to explain (asserted equal below).
-FARM = {"lease_lost", "farm_error", "link_failed", "farm_reproduced"}
+FARM = {"lease_lost", "farm_error", "link_failed", "farm_reproduced", "no_model_call"}
 
 
 def _headline_counts(store: Store, sweep: Sweep) -> dict[tuple[str, str], tuple[int, int]]:

@@ -92,9 +92,11 @@ def test_rerun_kind_classifies_the_reasons() -> None:
 
 def test_a_stored_kind_wins_and_text_never_names_the_farms() -> None:
     for kind in KINDS:
-        # The kind the farm stored, whatever the text says; LOST is a lost lease regardless.
+        # The kind the farm stored, whatever the text says; LOST is a lost lease regardless,
+        # the farm's unless stored as lost on the worker's host (rerun_kinds.lost_kind).
         assert rerun_kind("RETRY", None, "provider trouble", kind) == kind
-        assert rerun_kind("LOST", None, "farm error", kind) == "lease_lost"
+        lost = "lost_on_host" if kind == "lost_on_host" else "lease_lost"
+        assert rerun_kind("LOST", None, "farm error", kind) == lost
     # An unknown stored value is not believed: the text's agent kind, or other.
     assert rerun_kind("RETRY", None, "farm error: x", "farm_errorz") == "other"
     for reason, result, trouble, _ in REASONS:

@@ -312,3 +312,34 @@ def test_upgrade_stores_each_old_reruns_kind_as_it_was_read(tmp_path: Path) -> N
     with store.read() as session:
         stored = session.scalars(sa.select(Execution.rerun_kind).order_by(Execution.number))
         assert list(stored) == [kind for *_, kind in rows]
+
+
+@pytest.mark.parametrize(
+    ("web_container", "agent_started", "kind", "bought"),
+    [
+        pytest.param(False, True, "lost_on_host", True, id="host-only-after-the-agent"),
+        pytest.param(True, True, "lease_lost", False, id="container-after-the-agent"),
+        pytest.param(False, False, "lease_lost", False, id="host-only-before-the-agent"),
+    ],
+)
+def test_a_lease_lost_on_the_workers_host_after_the_agent_started_is_the_agents(
+    store: Store, web_container: bool, agent_started: bool, kind: str, bought: bool
+) -> None:
+    """On a bed without a web container the agent runs as the worker's user on its host and
+    can kill the worker to be run again: that lost lease is a second chance the headline
+    counts. In a web container, or before the agent started, it is the farm's."""
+    from apg_farm.store import Bed, Execution, had_second_chance, mark_agent_started
+
+    _sweep(store, trials=1)
+    bed = _bed(store, "b1")
+    with store.session() as session:
+        session.get_one(Bed, bed).web_container = web_container
+    claim = claim_next(store, bed, lease_seconds=-1, worker="t")
+    assert claim is not None
+    if agent_started:
+        mark_agent_started(store, claim.execution_id)
+    assert requeue_expired(store) == 1
+    with store.read() as session:
+        execution = session.get_one(Execution, claim.execution_id)
+        assert (execution.result, execution.rerun_kind) == ("LOST", kind)
+    assert had_second_chance(store, claim.attempt_id) is bought

@@ -112,10 +112,12 @@ from apg_farm.contract.reports import (
 from apg_farm.contract.rerun_kinds import (
     FARM_KINDS,
     KINDS,
+    LOST_ON_HOST,
     SECOND_CHANCE_KINDS,
     TEXT_RULES,
     headline_outcome,
     kind_of_text,
+    lost_kind,
     rerun_kind_of,
     stored_kind,
 )
@@ -148,6 +150,7 @@ __all__ = [
     "FORCED",
     "GRADED",
     "KINDS",
+    "LOST_ON_HOST",
     "MAX_ENVELOPE_BYTES",
     "MAX_PROVENANCE_VALUE",
     "PINNED_FIELDS",
@@ -204,6 +207,7 @@ __all__ = [
     "judge_verify_after",
     "judge_verify_before",
     "kind_of_text",
+    "lost_kind",
     "model_matches",
     "needs_baseline_grade",
     "parse_ddev_failure",

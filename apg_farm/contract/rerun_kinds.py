@@ -27,6 +27,7 @@ KINDS = (
     "timeout_or_transport",
     "grade_failed",
     "lease_lost",
+    "lost_on_host",
     "farm_error",
     "link_failed",
     "farm_reproduced",
@@ -37,6 +38,10 @@ KINDS = (
 #: Re-runs the farm caused or observed itself: the agent cannot have bought them.
 #: "no_model_call": a harness's sample whose model never acted, by the harness's own counts.
 FARM_KINDS = ("lease_lost", "farm_error", "link_failed", "farm_reproduced", "no_model_call")
+
+#: A lease lost after the agent started on a bed without a web container: the agent ran as the
+#: worker's user on the worker's host, where it can kill the worker (or its link) itself.
+LOST_ON_HOST = "lost_on_host"
 
 #: Re-runs that rest on what the agent could write (its record, its output, its run's timing):
 #: the headline counts an attempt with one as not passed ("other" included: unknown is not the
@@ -86,16 +91,24 @@ def rerun_kind_of(verdict: Verdict) -> str:
     return kind_of_text(verdict.reason, verdict.provider_trouble)
 
 
+def lost_kind(web_container: bool, agent_started: bool) -> str:
+    """The kind of a lost lease: the farm's, unless the agent had started on a bed whose
+    commands run on the worker's host (no web container), where it could have killed the worker
+    to be run again; nothing it cannot write says otherwise, so that one is the agent's."""
+    return LOST_ON_HOST if agent_started and not web_container else "lease_lost"
+
+
 def stored_kind(
     result: str | None,
     recorded: str | None,
     reason: str | None,
     provider_trouble: str | None = None,
 ) -> str:
-    """The kind of a stored re-run: a LOST execution is a lost lease; otherwise the kind recorded
-    when it ended, or (a row without one) what its reason names among the agent's kinds."""
+    """The kind of a stored re-run: a LOST execution is a lost lease (on the host, when stored
+    so); otherwise the kind recorded when it ended, or (a row without one) what its reason
+    names among the agent's kinds."""
     if result == "LOST":
-        return "lease_lost"
+        return LOST_ON_HOST if recorded == LOST_ON_HOST else "lease_lost"
     if recorded in KINDS:
         return recorded
     return kind_of_text(reason, provider_trouble)

@@ -19,10 +19,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import func, not_, or_, select, update
+from sqlalchemy import and_, case, func, not_, or_, select, update
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import UNESCROWED, UNFINGERPRINTED, Outcome
+from apg_farm.contract import LOST_ON_HOST, UNESCROWED, UNFINGERPRINTED, Outcome
 from apg_farm.defaults import (
     EXTRA_DELIVERIES,
     PROVIDER_BACKOFF,
@@ -549,7 +549,20 @@ def _requeue(session: Session, ids: list[int]) -> None:
         .where(Execution.attempt_id.in_(ids), Execution.result.is_(None))
         .values(
             result="LOST",
-            rerun_kind="lease_lost",
+            # rerun_kinds.lost_kind, per row: the agent's on a bed without a web container.
+            rerun_kind=case(
+                (
+                    and_(
+                        Execution.agent_started.is_(True),
+                        select(Bed.web_container)
+                        .where(Bed.id == Execution.bed_id)
+                        .scalar_subquery()
+                        .is_(False),
+                    ),
+                    LOST_ON_HOST,
+                ),
+                else_="lease_lost",
+            ),
             reason="lease expired: the bed or its worker stopped answering",
         )
         .execution_options(synchronize_session=False)

@@ -56,6 +56,7 @@ from apg_farm.contract import (
     Usage,
     Verdict,
     envelope_provenance,
+    lost_kind,
     rerun_kind_of,
 )
 from apg_farm.errors import BadInput, NotFound
@@ -199,7 +200,8 @@ def record_verdict(
         ):
             # The lease expired and the attempt moved on: keep this try (its run id, score and
             # envelope) as history only; the attempt is the new holder's.
-            execution.result, execution.rerun_kind = "LOST", "lease_lost"
+            execution.result = "LOST"
+            execution.rerun_kind = lost_kind(bed.web_container, execution.agent_started)
             if taken_back:
                 execution.reason = f"{taken_back}; it finished later: {verdict.reason}"
             quarantine(session, bed, reasons)
@@ -255,7 +257,8 @@ def record_lost(store: Store, claim: Claim, evidence: Evidence) -> Recorded:
         execution = session.get_one(Execution, claim.execution_id)
         _fill(session, execution, evidence, verdict)
         _mark_bed(bed, evidence)
-        execution.result, execution.rerun_kind = "LOST", "lease_lost"
+        execution.result = "LOST"
+        execution.rerun_kind = lost_kind(bed.web_container, execution.agent_started)
         add_spend(store, session, claim.sweep_id, execution.cost_usd)
         # What this bed showed while it held the attempt still stands: quarantine it.
         quarantine(session, bed, evidence.quarantines)

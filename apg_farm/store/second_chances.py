@@ -14,7 +14,14 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, and_, case, exists, func, literal, or_, select
 
-from apg_farm.contract import COUNTED, KINDS, SECOND_CHANCE_KINDS, TEXT_RULES, Outcome
+from apg_farm.contract import (
+    COUNTED,
+    KINDS,
+    LOST_ON_HOST,
+    SECOND_CHANCE_KINDS,
+    TEXT_RULES,
+    Outcome,
+)
 from apg_farm.store.db import Store
 from apg_farm.store.models import Attempt, Execution
 
@@ -37,6 +44,7 @@ def rerun_kind_sql() -> ColumnElement[str]:
     else the kind stored when it ended; a row without one, the agent's kind its reason names."""
     text = func.lower(func.coalesce(Execution.reason, ""))
     whens: list[tuple[ColumnElement[bool], Any]] = [
+        (and_(Execution.result == "LOST", Execution.rerun_kind == LOST_ON_HOST), LOST_ON_HOST),
         (Execution.result == "LOST", "lease_lost"),
         (Execution.rerun_kind.in_(KINDS), Execution.rerun_kind),
     ]
