@@ -42,6 +42,7 @@ TOKENS = "apg_farm/contract/tokens.py"
 LIFECYCLE = "apg_farm/store/lifecycle.py"
 RULES = "apg_farm/store/rules.py"
 CLAIMS = "apg_farm/store/claims.py"
+GATE_FAMILY = "apg_farm/results/gate_family.py"
 PACING = "apg_farm/store/pacing.py"
 SEALING = "apg_farm/results/sealing.py"
 AUTH = "apg_farm/dashboard/auth.py"
@@ -671,6 +672,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    LOST_ON_HOST,\n                ),\n                else_=",
         '                    "lease_lost",\n                ),\n                else_=',
         "tests/test_store.py::test_a_lease_lost_on_the_workers_host_after_the_agent_started_is_the_agents",
+    ),
+    # --- the regression gate's family of tests (#30) -------------------------------------------
+    m(
+        "gate-cells-unadjusted",
+        GATE_FAMILY,
+        "    adjusted.update(zip(cell_keys, holm(cell_pvalues), strict=True))",
+        "    adjusted.update(zip(cell_keys, cell_pvalues, strict=True))",
+        "tests/test_gate_calibration.py::test_an_unchanged_candidate_fails_at_most_five_percent[50-5]",
+    ),
+    m(
+        "gate-models-unadjusted",
+        GATE_FAMILY,
+        "    adjusted = dict(zip(keys, holm(pvalues), strict=True))",
+        "    adjusted = dict(zip(keys, pvalues, strict=True))",
+        "tests/test_gate_calibration.py::test_an_unchanged_candidate_fails_at_most_five_percent[8-5]",
     ),
 )
 

@@ -69,7 +69,15 @@ def test_check_passes_its_own_baseline_and_fails_a_weaker_model(
     assert same.returncode == 0, same.stdout + same.stderr
     assert "check passed" in same.stdout
 
-    weaker = process(farm, "check", str(path), "weak", *gate)
+    # Three trials of two tasks: 2 of 6 -> 0 of 6 is within the noise, a warning by default
+    # (the gate's family of tests, docs/analysis.md); --plain-tolerance counts it.
+    noisy = process(farm, "check", str(path), "weak", *gate)
+    assert noisy.returncode == 0, noisy.stdout + noisy.stderr
+    assert f"model {WEAK_MODEL}: headline pass rate" in noisy.stdout
+    assert "within the noise" in noisy.stdout
+    # Two tasks: no task-clustered interval, so Fisher's test of the pooled counts, saying why.
+    assert "pooled, tasks taken as independent (2 task(s)" in noisy.stdout
+    weaker = process(farm, "check", str(path), "weak", *gate, "--plain-tolerance")
     assert weaker.returncode == 1, weaker.stdout + weaker.stderr
     assert f"FAIL: model {WEAK_MODEL}: headline pass rate" in weaker.stdout
     assert "check failed" in weaker.stdout and "Traceback" not in weaker.stderr
@@ -77,15 +85,13 @@ def test_check_passes_its_own_baseline_and_fails_a_weaker_model(
     missing = process(farm, "check", str(tmp_path / "nope.json"), "base")
     assert missing.returncode == 2 and "no baseline file" in missing.stderr
 
-    report, _ = cli("check", str(path), "weak", "--format", "json", code=1)
+    report, _ = cli("check", str(path), "weak", "--format", "json", "--plain-tolerance", code=1)
     verdict = json.loads(report)
     assert verdict["ok"] is False and verdict["failures"]
     out, _ = cli("baseline", "list", "--dir", str(tmp_path))
     assert "base-ref" in out and "yes" in out
     against = json.loads(cli("compare", str(path), "weak", "--format", "json")[0])
     assert against["a"].startswith("baseline base-ref") and against["b"].startswith("sweep weak")
-    # Two tasks: no task-clustered interval, so the plain tolerance gates, saying why.
-    assert "gated on the plain tolerance: 2 task(s)" in weaker.stdout
     [row] = [m for m in against["models"] if m["model"] == WEAK_MODEL]
     assert row["clustered"]["tasks"] == 2 and "unavailable" in row["clustered"]
     _, err = cli("check", str(path), "weak", "--plain-tolerance", "--significant-only", code=2)

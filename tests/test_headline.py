@@ -307,6 +307,9 @@ def test_compare_and_check_use_the_headline(
         "1",
         "--max-invalid",
         "1",
+        # One task, ten attempts: the drop is within the noise for the gate's family of tests;
+        # which rate the check reads is the point here.
+        "--plain-tolerance",
         code=1,
     )
     assert f"FAIL: model {GAMER}: headline pass rate 50% (n=10) -> 30% (n=10)" in out
@@ -356,6 +359,9 @@ def test_a_baseline_from_before_the_headline_is_named(
         "1",
         "--max-invalid",
         "1",
+        # One task, ten attempts: the drop is within the noise for the gate's family of tests;
+        # which rate the check reads is the point here.
+        "--plain-tolerance",
         code=1,
     )
     assert "predates the headline pass rate" in out

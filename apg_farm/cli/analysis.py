@@ -639,8 +639,8 @@ def check_cmd(
     significant_only: Annotated[
         bool,
         typer.Option(
-            help="Where no task-clustered interval exists (under 5 tasks), count a model's drop "
-            "only when its fixed-n 95 % interval excludes zero."
+            help="The default now: every drop counts only when the gate's family of tests "
+            "rejects it (docs/analysis.md); kept so scripts that pass it still run."
         ),
     ] = False,
     plain_tolerance: Annotated[
@@ -696,7 +696,6 @@ def check_cmd(
         max_rate_drop=max_rate_drop,
         max_invalid=max_invalid,
         max_error=max_error,
-        significant_only=significant_only,
         plain_tolerance=plain_tolerance,
         max_cost_increase=allowed,
         max_rerun_share=rerun_allowed,

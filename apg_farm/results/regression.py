@@ -2,10 +2,10 @@
 
 The candidate fails when its evidence does not verify, when it is unfinished, when it has more
 INVALID or ERROR attempts than allowed, when a (task, model) of the baseline was not evaluated,
-when a model's pass rate (the headline, headline.py, pooled over the tasks both ran) drops by more
-than the tolerance, when
-one (task, model) drops by more than the tolerance with a 95 % interval that excludes no change,
-or when an indispensable task newly fails; with a cost tolerance, also when a model's cost per
+when a model's pass rate (the headline, headline.py, pooled over the tasks both ran) or one
+(task, model)'s drops by more than the tolerance and the gate's family of one-sided tests rejects
+"no drop" for it (gate_family.py: Holm over every model and cell, so an unchanged candidate fails
+at most 2.5 % of the time however many there are), or when an indispensable task newly fails; with a cost tolerance, also when a model's cost per
 execution rises by more than it (`cost_findings`, shared with `compare`); with a re-run tolerance,
 when the share of its attempts run again after their agent started exceeds it. Changed fingerprints
 and unknown costs are warnings: comparing across revisions is often the point.
@@ -20,6 +20,7 @@ from typing import Any
 from apg_farm.errors import BadInput
 from apg_farm.results.comparison import Side, compare
 from apg_farm.results.cost_plot import usd
+from apg_farm.results.gate_family import ALPHA, Family, gate_family
 from apg_farm.results.headline import FINAL_LABEL, headline_counts
 
 #: Rates are compared with this slack so 0.05 means 5 points, not 5 points plus float noise.
@@ -36,11 +37,8 @@ class CheckPolicy:
     max_invalid: int = 0
     #: Most ERROR attempts the candidate may have.
     max_error: int = 0
-    #: Count a model-level drop only when its 95 % interval excludes zero, also where the
-    #: task-clustered interval is unavailable (then Newcombe's fixed-n interval is used).
-    significant_only: bool = False
-    #: Count every model-level drop beyond the tolerance, whatever its interval (the gate before
-    #: task-clustered intervals; `--plain-tolerance`).
+    #: Count every model-level drop beyond the tolerance, whatever its test (the gate before
+    #: task-clustered intervals; `--plain-tolerance`). Cells are always tested in the family.
     plain_tolerance: bool = False
     #: Largest allowed rise of a model's cost per execution, as a fraction (0.2 = 20 %); None:
     #: cost is not checked.
@@ -180,13 +178,21 @@ def _with_reruns(row: dict[str, Any]) -> str:
     return f"; {FINAL_LABEL} {_pct(a)} -> {_pct(b)}"
 
 
-def _model_drop(row: dict[str, Any], policy: CheckPolicy) -> tuple[bool, str]:
+def _family_note(family: Family, key: tuple[str, ...]) -> str:
+    kind = key[0]
+    return (
+        f"Holm-adjusted one-sided p {family.adjusted.get(key, 1.0):.3g} over "
+        f"{family.size(kind)} {kind} tests, alpha {family.alpha(kind):g} "
+        f"(the gate's {ALPHA:g} in all)"
+    )
+
+
+def _model_drop(row: dict[str, Any], policy: CheckPolicy, family: Family) -> tuple[bool, str]:
     """Whether a model's drop beyond the tolerance fails the check, and its line.
 
-    By default the drop counts when the task-clustered 95 % interval of B - A lies below zero:
-    a drop within the noise that task difficulty makes is not a regression. With fewer tasks
-    than a clustered interval needs, the plain tolerance decides (or, with `--significant-only`,
-    Newcombe's fixed-n interval); `--plain-tolerance` counts every drop beyond the tolerance."""
+    By default the drop counts when the gate's family rejects "no drop" for the model (its
+    task-clustered test, or under 5 tasks Fisher's on its pooled counts, Holm-adjusted): a drop
+    within the noise is a warning. `--plain-tolerance` counts every drop beyond the tolerance."""
     clustered = row.get("clustered") or {}
     text = (
         f"model {row['model']}: headline pass rate {_pct(row['a']['rate'])} "
@@ -201,18 +207,14 @@ def _model_drop(row: dict[str, Any], policy: CheckPolicy) -> tuple[bool, str]:
     text += f"){_with_reruns(row)}, tolerance {policy.max_rate_drop * 100:.1f} pts"
     if policy.plain_tolerance:
         return True, text
-    if "high" in clustered:
-        if clustered["high"] < 0:
-            return True, text
-        return False, (
-            text + "; within the task-clustered noise, not counted (--plain-tolerance counts it)"
-        )
-    if policy.significant_only:
-        if row["diff_high"] < 0:
-            return True, text
-        return False, text + "; not significant, not counted (--significant-only)"
-    why = clustered.get("unavailable", "no task-clustered interval")
-    return True, text + f"; gated on the plain tolerance: {why}"
+    key = ("model", row["model"])
+    how = family.how.get(row["model"], "")
+    if "unavailable" in clustered:
+        how += f" ({clustered['unavailable']})"
+    text += f"; {how} test, {_family_note(family, key)}"
+    if family.rejects(key):
+        return True, text
+    return False, text + "; within the noise, not counted (--plain-tolerance counts it)"
 
 
 def _gate_holds(cell: dict[str, Any] | None, floor: float) -> bool:
@@ -267,11 +269,12 @@ def check_regression(
             )
 
     tolerance = policy.max_rate_drop
+    family = gate_family(result)
     for row in result["models"]:
         drop = row["diff"]
         if drop is None or -drop <= tolerance + _EPS:
             continue
-        failed, text = _model_drop(row, policy)
+        failed, text = _model_drop(row, policy, family)
         (fail if failed else warn)(text)
     for row in result["cells"]:
         drop = row["diff"]
@@ -283,10 +286,12 @@ def check_regression(
             f"{_pts(drop)} (95% CI {_pts(row['diff_low'])} to {_pts(row['diff_high'])})"
             f"{_with_reruns(row)}"
         )
-        if row["diff_high"] < 0:
+        key = ("cell", row["task"], row["model"])
+        text += f"; Fisher exact, {_family_note(family, key)}"
+        if family.rejects(key):
             fail(text)
         else:
-            warn(text + "; within noise at this sample size")
+            warn(text + "; within the noise of this many tests")
 
     gates = {**b.get("indispensable", {}), **(indispensable or {})}
     base_cells = {(x["task"], x["model"]): x for x in b["cells"]}
