@@ -688,6 +688,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "    adjusted = dict(zip(keys, pvalues, strict=True))",
         "tests/test_gate_calibration.py::test_an_unchanged_candidate_fails_at_most_five_percent[8-5]",
     ),
+    m(
+        "pair-over-tasks-one-side-ran",
+        "apg_farm/results/comparison.py",
+        '        mine = [c for c in ran if c["a"]["n"] and c["b"]["n"]]',
+        "        mine = ran",
+        "tests/test_regression.py::test_every_figure_of_a_pair_is_over_one_task_set",
+    ),
 )
 
 

@@ -256,3 +256,19 @@ def test_under_five_tasks_the_pooled_counts_are_tested_and_it_says_so() -> None:
     verdict = check_regression(side(grid(BASE)), side(grid(candidate)), CheckPolicy())
     [failure] = [f for f in verdict.failures if f.startswith(f"model {M2}")]
     assert "pooled, tasks taken as independent (2 task(s)" in failure
+
+
+def test_every_figure_of_a_pair_is_over_one_task_set() -> None:
+    """t5 has no counted attempt in B (all INVALID): it is out of M1's pooled rate, its
+    clustered estimate and the gates alike, and the row says why (#30; before, the pooled
+    difference kept t5's A side and the clustered one did not)."""
+    base = {(f"t{i}", M1): (5 + i, 10) for i in range(6)}
+    cand = {(f"t{i}", M1): (4 + i, 10) for i in range(5)}
+    cells_b = [*grid(cand), cell("t5", M1, 0, 0, invalid=10)]
+    result = compare(side(grid(base)).summary, side(cells_b).summary)
+    [row] = result["models"]
+    assert row["tasks"] == [f"t{i}" for i in range(5)]
+    assert row["left_out"] == [{"task": "t5", "why": "no counted attempt in B"}]
+    assert row["a"]["n"] == row["b"]["n"] == 50
+    assert row["diff"] == pytest.approx(-0.1)
+    assert row["clustered"]["estimate"] == pytest.approx(row["diff"])

@@ -491,6 +491,12 @@ def compare_cmd(
     for side, label in (("a", side_a.label), ("b", side_b.label)):
         counts = ", ".join(f"{k} {v}" for k, v in outcomes[side].items()) or "none"
         out.print(escape(f"outcomes {side.upper()} ({label}): {counts}"))
+    for row in result["models"]:
+        for gone in row.get("left_out", []):
+            out.print(
+                escape(f"left out of {row['model']}'s figures: {gone['task']} ({gone['why']})"),
+                soft_wrap=True,
+            )
     for key in result["only_in_a"]:
         out.print(escape(f"only in A: {key}"))
     for key in result["only_in_b"]:

@@ -154,6 +154,12 @@ def _fingerprints(summary: dict[str, Any], key: str) -> list[str]:
     return sorted(summary.get("provenance", {}).get("fingerprints", {}).get(key, {}))
 
 
+def _why_left_out(cell: dict[str, Any]) -> str:
+    """Why a (task, model) both sides ran is out of the model's figures."""
+    sides = [name for name, side in (("A", cell["a"]), ("B", cell["b"])) if not side["n"]]
+    return f"no counted attempt in {' and '.join(sides)}"
+
+
 def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Per (task, model) and per model (over the tasks both sides ran), B against A."""
     cells_a = {(c["task"], c["model"]): c for c in a["cells"]}
@@ -164,7 +170,12 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         cells.append({"task": key[0], "model": key[1], "a": ra, "b": rb, **_diff(ra, rb)})
     models = []
     for model in dict.fromkeys(c["model"] for c in cells):
-        mine = [c for c in cells if c["model"] == model]
+        ran = [c for c in cells if c["model"] == model]
+        # One task set for every figure of the pair (pooled, clustered, cost, the gates): the
+        # tasks both sides have a counted attempt of. A task one side never counted would be in
+        # the pooled rate and not in the clustered estimate, and they would disagree.
+        mine = [c for c in ran if c["a"]["n"] and c["b"]["n"]]
+        left_out = [{"task": c["task"], "why": _why_left_out(c)} for c in ran if c not in mine]
         pooled = {
             side: {
                 **_rate(sum(c[side]["passed"] for c in mine), sum(c[side]["n"] for c in mine)),
@@ -187,6 +198,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             {
                 "model": model,
                 "tasks": [c["task"] for c in mine],
+                "left_out": left_out,
                 "cost_tasks": [first["task"] for first, _ in shared],
                 **pooled,
                 **_diff(pooled["a"], pooled["b"]),
