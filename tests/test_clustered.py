@@ -72,7 +72,10 @@ def test_the_standard_error_is_cr2() -> None:
         got = clustered_mean(groups)
         assert isinstance(got, Clustered)
         assert got.se == pytest.approx(_cr2_by_matrices(groups), rel=1e-9)
-        assert got.df == len(groups) - 1 and got.n == sum(map(len, groups))
+        x = np.ones((sum(map(len, groups)), 1))
+        cluster = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+        assert got.df == pytest.approx(_bm_df_by_matrices(x, cluster, np.array([1.0])), rel=1e-9)
+        assert got.n == sum(map(len, groups))
         assert got.low <= got.estimate <= got.high
 
 
@@ -177,6 +180,35 @@ def _cr2_difference_by_matrices(tasks: list[tuple[list[float], list[float]]]) ->
     return float(np.sqrt(contrast @ bread @ meat @ bread @ contrast))
 
 
+def _bm_df_by_matrices(x: np.ndarray, cluster: np.ndarray, contrast: np.ndarray) -> float:
+    """Bell-McCaffrey degrees of freedom of CR2 for `contrast`, the general way (Pustejovsky and
+    Tipton 2018, working independence): v_g = A_g X_g (X'X)^-1 c on task g's rows, zero elsewhere,
+    w_g = (I - H) v_g, M = sum of w_g w_g', df = tr(M)^2 / tr(M^2), all N x N."""
+    size = len(x)
+    bread = np.linalg.inv(x.T @ x)
+    hat = x @ bread @ x.T
+    matrix = np.zeros((size, size))
+    for g in np.unique(cluster):
+        mask = cluster == g
+        xg = x[mask]
+        values, vectors = np.linalg.eigh(np.eye(int(mask.sum())) - xg @ bread @ xg.T)
+        adjust = vectors @ np.diag(1 / np.sqrt(values)) @ vectors.T
+        v = np.zeros(size)
+        v[mask] = adjust @ xg @ bread @ contrast
+        w = (np.eye(size) - hat) @ v
+        matrix += np.outer(w, w)
+    return float(np.trace(matrix) ** 2 / np.trace(matrix @ matrix))
+
+
+def test_balanced_tasks_keep_g_minus_one_degrees_of_freedom() -> None:
+    """Bell-McCaffrey gives G - 1 when every task has as many outcomes (and the old rule's
+    figure there), fewer when a few tasks hold most of them."""
+    balanced = clustered_mean([[1.0, 0.0, 1.0, 0.0]] * 8)
+    assert isinstance(balanced, Clustered) and balanced.df == pytest.approx(7)
+    lopsided = clustered_mean([[1.0, 0.0] * 9] * 2 + [[1.0, 0.0]] * 6)
+    assert isinstance(lopsided, Clustered) and lopsided.df < 5
+
+
 def test_the_difference_of_two_samples_is_cr2_of_the_contrast() -> None:
     """`clustered_difference` (two sweeps of the same tasks) equals CR2 of the regression with
     one intercept per side, tasks as clusters, on 20 random unbalanced designs."""
@@ -195,7 +227,13 @@ def test_the_difference_of_two_samples_is_cr2_of_the_contrast() -> None:
         mean_b = sum(sum(b) for _, b in tasks) / sum(len(b) for _, b in tasks)
         assert got.estimate == pytest.approx(mean_b - mean_a)
         assert got.se == pytest.approx(_cr2_difference_by_matrices(tasks), rel=1e-9)
-        assert got.df == len(tasks) - 1
+        rows = [(0, g) for g, (a, _) in enumerate(tasks) for _ in a]
+        rows += [(1, g) for g, (_, b) in enumerate(tasks) for _ in b]
+        x = np.array([[1.0 - side, float(side)] for side, _ in rows])
+        cluster = np.array([g for _, g in rows])
+        oracle = _bm_df_by_matrices(x, cluster, np.array([-1.0, 1.0]))
+        assert got.df == pytest.approx(oracle, rel=1e-9)
+        assert got.df < len(tasks) - 1 + 1e-9
 
 
 def test_a_task_missing_on_one_side_is_left_out_and_few_tasks_give_none() -> None:

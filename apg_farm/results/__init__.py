@@ -24,7 +24,7 @@ from apg_farm.results.bed_baselines import (
     baseline_lines,
     refuse_across_baselines,
 )
-from apg_farm.results.clustered import MIN_TASKS
+from apg_farm.results.clustered import MIN_TASKS, Clustered, clustered_sums, t_quantile
 from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
@@ -111,6 +111,7 @@ __all__ = [
     "CheckPolicy",
     "CheckVerdict",
     "Clipped",
+    "Clustered",
     "CostFindings",
     "CostPoint",
     "LoadedBaseline",
@@ -132,6 +133,7 @@ __all__ = [
     "check_regression",
     "check_state",
     "clip",
+    "clustered_sums",
     "compare",
     "cost_findings",
     "cost_points",
@@ -172,6 +174,7 @@ __all__ = [
     "stop_section",
     "stop_summary",
     "sweep_report",
+    "t_quantile",
     "tasks_needed",
     "trials_needed",
     "usd",

@@ -65,7 +65,7 @@ def _log_comb(n: int, k: int) -> float:
 
 def clustered_drop_p(clustered: Mapping[str, Any]) -> float:
     """One-sided p of the task-clustered difference B - A being below zero: P(T <= est / se)."""
-    estimate, se, df = clustered["estimate"], clustered["se"], int(clustered["df"])
+    estimate, se, df = clustered["estimate"], clustered["se"], float(clustered["df"])
     if se <= 0:
         return 1.0 if estimate >= 0 else 0.0
     return t_cdf(estimate / se, df)
