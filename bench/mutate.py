@@ -695,6 +695,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "        mine = ran",
         "tests/test_regression.py::test_every_figure_of_a_pair_is_over_one_task_set",
     ),
+    m(
+        "clustered-df-g-minus-one",
+        "apg_farm/results/clustered.py",
+        "    return trace * trace / square if square > 0 else float(max(count - 1, 1))",
+        "    return float(max(count - 1, 1))",
+        "tests/test_clustered.py::test_the_difference_of_two_samples_is_cr2_of_the_contrast",
+    ),
 )
 
 
