@@ -285,6 +285,14 @@ def _old_comparisons(
         )
     for row, adjusted in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
         row["p_holm"] = adjusted
+    # The clustered p values, Holm over the pairs that have one (written out: step down the
+    # sorted p values, each times the number of hypotheses left, never below the one before).
+    tested = [r["clustered"] for r in rows if "p_value" in r["clustered"]]
+    order = sorted(range(len(tested)), key=lambda i: tested[i]["p_value"])
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(tested) - rank) * tested[i]["p_value"]))
+        tested[i]["p_holm"] = running
     return rows
 
 
@@ -616,6 +624,11 @@ def test_analysis_equals_the_row_by_row_one(store: Store) -> None:
     assert "aaa/extra" in [m["model"] for m in result["models"]]
     # Clustered intervals were computed, not only their absence compared.
     assert any("high" in r["clustered"] for r in result["comparisons"])
+    # Family-wise: every clustered p of a pair is Holm-adjusted over the pairs (#30).
+    clustered = [r["clustered"] for r in result["comparisons"] if "p_value" in r["clustered"]]
+    assert len(clustered) > 1
+    assert all(c["p_holm"] >= c["p_value"] for c in clustered)
+    assert max(c["p_holm"] for c in clustered) <= 1.0
     assert any("grader_tree_sha256" in w for w in result["provenance"]["warnings"])
     assert any(b["lost"] == 1 for b in result["beds"])
     assert [b["quarantined_during_sweep"] for b in result["beds"] if b["bed"] == "bed03"] == [1]

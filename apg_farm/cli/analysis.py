@@ -79,6 +79,12 @@ def _clustered_ci(row: dict[str, Any], show: Callable[[float | None], str]) -> s
     return f"{show(clustered['low'])} to {show(clustered['high'])}"
 
 
+def _clustered_p(row: dict[str, Any]) -> str:
+    """A pair's Holm-adjusted task-clustered p, or a dash without a clustered test."""
+    adjusted = (row.get("clustered") or {}).get("p_holm")
+    return "—" if adjusted is None else f"{adjusted:.3g}"
+
+
 def models_table(report: dict[str, Any]) -> Table:
     """Per model, pooled over its tasks: the headline with the naive and the task-clustered
     interval, then the rate with re-runs and the lower bound, labelled."""
@@ -119,7 +125,7 @@ def comparisons_table(report: dict[str, Any]) -> Table:
         table.add_column(name, no_wrap=True)
     for name in ("pairs", "A only", "B only", "A", "B", "A−B pts", "95% CI", "clustered CI"):
         table.add_column(name, justify="right", no_wrap=True)
-    for name in ("p", "p Holm"):
+    for name in ("p", "p Holm", "clustered p Holm"):
         table.add_column(name, justify="right", no_wrap=True)
     for row in report["comparisons"]:
         table.add_row(
@@ -135,10 +141,12 @@ def comparisons_table(report: dict[str, Any]) -> Table:
             _clustered_ci(row, _pts),
             f"{row['p_value']:.3g}",
             f"{row['p_holm']:.3g}",
+            _clustered_p(row),
         )
     table.caption = (
         "95% CI: Newcombe, pairs independent; clustered CI: the paired difference with tasks as "
-        "clusters. p: exact McNemar on discordant pairs; Holm-adjusted over all pairs."
+        "clusters. p: exact McNemar on discordant pairs; Holm-adjusted over all pairs. "
+        "clustered p Holm: the clustered t test, Holm-adjusted over all pairs: read this one."
     )
     return table
 
