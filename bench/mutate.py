@@ -632,16 +632,16 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "unanswered-means-acted",
         INSPECT_SANDBOX,
-        "        isinstance(e, ToolEvent) or (isinstance(e, ModelEvent) and e.error is None)",
-        "        isinstance(e, ToolEvent) or isinstance(e, ModelEvent)",
+        "    if any(isinstance(e, ToolEvent) for e in events) or any(e.error is None for e in calls):",
+        "    if any(isinstance(e, ToolEvent) for e in events) or calls:",
         "tests/test_inspect_never_acted.py",
         REFUSED,
     ),
     m(
         "answered-means-never-acted",
         INSPECT_SANDBOX,
-        "        isinstance(e, ToolEvent) or (isinstance(e, ModelEvent) and e.error is None)",
-        "        isinstance(e, ToolEvent) and (isinstance(e, ModelEvent) and e.error is None)",
+        "    return False if calls else None",
+        "    return False",
         "tests/test_inspect_never_acted.py",
     ),
     m(

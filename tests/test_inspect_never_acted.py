@@ -33,7 +33,7 @@ def _call(error: str | None = None) -> ModelEvent:
 @pytest.mark.parametrize(
     ("events", "answered"),
     [
-        pytest.param([], False, id="no-call"),
+        pytest.param([], None, id="no-call-seen"),
         pytest.param([_call("429 Too Many Requests")], False, id="refused"),
         pytest.param([_call("429"), _call()], True, id="refused-then-answered"),
         pytest.param(
@@ -42,7 +42,7 @@ def _call(error: str | None = None) -> ModelEvent:
     ],
 )
 def test_a_model_answered_only_when_the_transcript_shows_an_answer(
-    events: list[Event], answered: bool
+    events: list[Event], answered: bool | None
 ) -> None:
     init_transcript(Transcript(events))
     assert model_answered() is answered

@@ -330,8 +330,10 @@ def sample_usage() -> Usage | None:
 
 def model_answered() -> bool | None:
     """Whether the sample's model answered a call, by Inspect's transcript of it: a model event
-    without an error, or any tool call (which only an answer can make). None when the transcript
-    cannot tell: unreadable, or cut (a bounded transcript keeps only its tail)."""
+    without an error, or any tool call (which only an answer can make), is True; model events
+    that all failed, False. None when the transcript cannot tell: unreadable, cut (a bounded
+    transcript keeps only its tail), or without any model event (the sandbox used outside an
+    eval, or a solver that never called a model: nothing shows a call was refused)."""
     try:
         from inspect_ai.event import ModelEvent, ToolEvent
         from inspect_ai.log._transcript import transcript
@@ -342,9 +344,10 @@ def model_answered() -> bool | None:
         return None
     if getattr(current, "_events_truncated", True):
         return None
-    return any(
-        isinstance(e, ToolEvent) or (isinstance(e, ModelEvent) and e.error is None) for e in events
-    )
+    calls = [e for e in events if isinstance(e, ModelEvent)]
+    if any(isinstance(e, ToolEvent) for e in events) or any(e.error is None for e in calls):
+        return True
+    return False if calls else None
 
 
 def _cancel_pending() -> bool:
