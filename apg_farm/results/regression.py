@@ -6,9 +6,10 @@ when a model's pass rate (the headline, headline.py, pooled over the tasks both 
 (task, model)'s drops by more than the tolerance and the gate's family of one-sided tests rejects
 "no drop" for it (gate_family.py: Holm over the models and over the cells, so an unchanged
 candidate fails at most 2.5 % of the time however many there are), or when an indispensable task
-newly fails; with a cost tolerance, also when a model's cost per execution rises by more than it (`cost_findings`, shared with `compare`); with a re-run tolerance,
-when the share of its attempts run again after their agent started exceeds it. Changed fingerprints
-and unknown costs are warnings: comparing across revisions is often the point.
+newly fails; with a cost tolerance, also when a model's cost per execution rises by more than
+it (`cost_findings`, shared with `compare`); with a re-run tolerance, when the share of its
+attempts run again after their agent started exceeds it. Changed fingerprints and unknown costs
+are warnings: comparing across revisions is often the point.
 """
 
 from __future__ import annotations
