@@ -7,9 +7,9 @@ it would run `ai-eval-run`, and judges what the harness's agent left exactly as 
 
 `HandOver` is that hand-over for a harness that acts from another thread: the engine's thread
 waits in `run` until the harness says its agent is done (`end`), renewing the lease meanwhile.
-Nothing the harness says about the agent is a verdict: it ends the wait, and its own counts, which
-the agent cannot write (the model calls it metered, the commands its sandbox ran), can say the
-agent never acted at all (`never_acted`).
+Nothing the harness says about the agent is a verdict: it ends the wait, and its own records, which
+the agent cannot write (the model calls it metered, its transcript of them), can say the agent
+never acted at all (`never_acted`).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class HarnessEnd:
     #: What the agent's model calls cost, as the harness metered them (it makes the calls; the
     #: agent cannot write this): the execution's cost and tokens, and the spend budgets count.
     usage: Usage | None = None
-    #: The harness metered no model call and its sandbox ran no command in the bed: the model
-    #: never acted. Both counts are the harness's own; False when it cannot tell (a timeout).
+    #: The harness metered no model call and its transcript shows every call failing and no tool
+    #: call: the model never acted. Both are the harness's own; False when it cannot tell.
     never_acted: bool = False
 
 
@@ -59,8 +59,8 @@ def never_acted(end: HarnessEnd) -> Verdict:
     so a provider that stays down is waited out, not hammered)."""
     return Verdict(
         "retry",
-        f"{end.summary}: the harness metered no model call and its sample ran no command in "
-        "the bed, so the model never acted",
+        f"{end.summary}: the harness metered no model call, and its model calls all failed with "
+        "no tool call made, so the model never acted",
         provider_trouble=NO_MODEL_CALL,
         farm_cause=NO_MODEL_CALL,
     )
@@ -163,8 +163,8 @@ class HandOver:
         never_acted: bool = False,
     ) -> None:
         """The harness's agent is done (or was interrupted): the engine judges the bed now.
-        `never_acted`: no model call metered and no command run by the sample (the harness's
-        own counts)."""
+        `never_acted`: no model call metered, every call failed and no tool call (the harness's
+        own records)."""
         self._interrupted = interrupted
         self._usage = usage
         self._never_acted = never_acted
