@@ -337,8 +337,8 @@ def test_a_sample_that_errors_after_its_agent_acted_counts_and_is_not_rerun(tmp_
 def test_a_sample_whose_provider_refused_its_first_call_is_run_again_at_no_cost(
     tmp_path: Path,
 ) -> None:
-    """The provider refuses each sample's first call (Inspect meters no call, the sandbox ran no
-    command): the model never acted, which nothing the agent writes can say, so the attempt is
+    """The provider refuses each sample's first call (Inspect meters no call, its transcript shows
+    that call failed and no tool call): the model never acted, which nothing the agent writes can say, so the attempt is
     run again, as the farm's own kind of re-run (the headline does not count it), the bed not
     charged; Inspect's retry takes the attempt and the model builds: PASSED."""
     from apg_farm.results import analyse, find_sweep
