@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,25 @@ def _inspect(
         *extra,
     ]
     return argv, env
+
+
+@contextmanager
+def _one_task_eval(
+    tmp_path: Path, prefix: str, script: str, sweep: str, **extra_env: str
+) -> Iterator[tuple[Store, subprocess.CompletedProcess[str]]]:
+    """`inspect eval` of dv01_view_build with `script` on a container bed of its own, Inspect
+    retrying an errored sample twice: the farm's store (while the bed lives) and the process."""
+    with container_pool(tmp_path / "pool", bed_image(), 1, prefix=prefix) as (store, beds, config):
+        argv, env = _inspect(
+            tmp_path,
+            str(config.database_url),
+            beds[0].name,
+            ["-T", f"script={script}", "-T", "tasks=dv01_view_build", "--retry-on-error", "2"],
+            sweep=sweep,
+        )
+        env.update(extra_env)
+        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        yield store, done
 
 
 def _rows(store: Store, sweep: str) -> tuple[list[Attempt], list[Execution], dict[int, str]]:
@@ -310,15 +331,7 @@ def test_sigint_to_inspect_releases_every_lease(tmp_path: Path) -> None:
 def test_a_sample_that_errors_after_its_agent_acted_counts_and_is_not_rerun(tmp_path: Path) -> None:
     """A solver error is not an interrupt: the bed is judged (the attempt counts, FAILED here),
     and Inspect's retry of the sample is refused, so the error buys no second chance."""
-    with container_pool(tmp_path / "pool", bed_image(), 1, prefix="ic") as (store, beds, config):
-        argv, env = _inspect(
-            tmp_path,
-            str(config.database_url),
-            beds[0].name,
-            ["-T", "script=crash", "-T", "tasks=dv01_view_build", "--retry-on-error", "2"],
-            sweep="crashed",
-        )
-        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    with _one_task_eval(tmp_path, "ic", "crash", "crashed") as (store, done):
         attempts, executions, _ = _rows(store, "crashed")
         assert sorted((a.model, a.outcome) for a in attempts) == [
             ("mockllm/strong", "FAILED"),
@@ -337,28 +350,24 @@ def test_a_sample_that_errors_after_its_agent_acted_counts_and_is_not_rerun(tmp_
 def test_a_sample_whose_provider_refused_its_first_call_is_run_again_at_no_cost(
     tmp_path: Path,
 ) -> None:
-    """The provider refuses each sample's first call (Inspect meters no call, its transcript shows
-    that call failed and no tool call): the model never acted, which nothing the agent writes can say, so the attempt is
-    run again, as the farm's own kind of re-run (the headline does not count it), the bed not
-    charged; Inspect's retry takes the attempt and the model builds: PASSED."""
+    """The provider refuses each sample's first call (Inspect meters no call, its transcript
+    shows that call failed and no tool call): the model never acted, which nothing the agent
+    writes can say, so the attempt is run again, as the farm's own kind of re-run (the headline
+    does not count it), the bed not charged; Inspect's retry takes the attempt and the model
+    builds: PASSED."""
     from apg_farm.results import analyse, find_sweep
 
     refusals = tmp_path / "refusals"
     refusals.mkdir()
-    with container_pool(tmp_path / "pool", bed_image(), 1, prefix="ir") as (store, beds, config):
-        argv, env = _inspect(
-            tmp_path,
-            str(config.database_url),
-            beds[0].name,
-            ["-T", "script=refused_once", "-T", "tasks=dv01_view_build", "--retry-on-error", "2"],
-            sweep="refused",
-        )
-        env.update(
-            APG_FARM_TEST_REFUSALS=str(refusals),
-            APG_FARM_PROVIDER_BACKOFF="0.5",
-            APG_FARM_PROVIDER_BACKOFF_MAX="2",
-        )
-        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    backoff = {"APG_FARM_PROVIDER_BACKOFF": "0.5", "APG_FARM_PROVIDER_BACKOFF_MAX": "2"}
+    with _one_task_eval(
+        tmp_path,
+        "ir",
+        "refused_once",
+        "refused",
+        APG_FARM_TEST_REFUSALS=str(refusals),
+        **backoff,
+    ) as (store, done):
         assert sorted(p.name for p in refusals.iterdir()) == [
             "strong-dv01_view_build",
             "weak-dv01_view_build",

@@ -164,6 +164,14 @@ def _interval(
     )
 
 
+def lower_p(estimate: float, se: float, df: float) -> float:
+    """The one-sided clustered t test of "the mean is below 0": P(T <= estimate / se), T on
+    `df` (what the regression gate asks of a drop)."""
+    if se <= 0:
+        return 1.0 if estimate >= 0 else 0.0
+    return t_cdf(estimate / se, df)
+
+
 def two_sided_p(result: Clustered) -> float:
     """The clustered t test of "the mean is 0": 2 P(T > |estimate / se|), T on `df`."""
     if result.se == 0:

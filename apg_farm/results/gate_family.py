@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from apg_farm.results.clustered import t_cdf
+from apg_farm.results.clustered import lower_p
 from apg_farm.results.stats import holm
 
 #: The family-wise error rate of the gate's rate rules, one-sided: the models' share and the
@@ -64,11 +64,8 @@ def _log_comb(n: int, k: int) -> float:
 
 
 def clustered_drop_p(clustered: Mapping[str, Any]) -> float:
-    """One-sided p of the task-clustered difference B - A being below zero: P(T <= est / se)."""
-    estimate, se, df = clustered["estimate"], clustered["se"], float(clustered["df"])
-    if se <= 0:
-        return 1.0 if estimate >= 0 else 0.0
-    return t_cdf(estimate / se, df)
+    """One-sided p of a report's task-clustered difference B - A being below zero."""
+    return lower_p(clustered["estimate"], clustered["se"], float(clustered["df"]))
 
 
 @dataclass(frozen=True)
