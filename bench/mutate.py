@@ -702,6 +702,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return float(max(count - 1, 1))",
         "tests/test_clustered.py::test_the_difference_of_two_samples_is_cr2_of_the_contrast",
     ),
+    m(
+        "exclusions-not-tallied",
+        "apg_farm/results/second_chance.py",
+        '            found["excluded"] += int(started)',
+        '            found["excluded"] += 0',
+        "tests/test_exclusions.py::test_the_bound_counts_what_was_excluded_after_the_start",
+    ),
+    m(
+        "exclusions-never-warn",
+        "apg_farm/results/exclusions.py",
+        "    if p < WARN_P:",
+        "    if p < 0:",
+        "tests/test_exclusions.py::test_compare_bounds_each_side_and_warns_when_they_differ",
+    ),
 )
 
 

@@ -597,8 +597,11 @@ def _without_costs(report: dict[str, Any]) -> dict[str, Any]:
         for key in (*COST_KEYS, *SECOND_CHANCE_KEYS):
             if key not in HEADLINE_KEYS:
                 row.pop(key, None)
-    # As the second-chance figures (second_chance.py, tests/test_second_chance.py).
+    # As the second-chance figures (second_chance.py, tests/test_second_chance.py), and the
+    # pairs' exclusion bounds (exclusions.py, tests/test_exclusions.py has their row-by-row oracle).
     report.pop("second_chance", None)
+    for pair in report.get("comparisons", []):
+        pair.pop("exclusions", None)
     # As the bed baselines (bed_baselines.py, tests/test_upgrade.py).
     report.pop("bed_baselines", None)
     return report

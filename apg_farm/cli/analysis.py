@@ -159,6 +159,8 @@ def report_command(
         analyse,
         baseline_lines,
         dataset_hash_lines,
+        exclusion_lines,
+        exclusion_warnings,
         find_sweep,
         render_html,
         report_csv,
@@ -182,8 +184,12 @@ def report_command(
         if any(row.get("cost_usd") is not None for row in report["models"]):
             out.print(cost_table(report))
         out.print(second_chance_table(report))
+        for line in exclusion_lines(report):
+            out.print(f"[yellow]exclusion bound:[/] {escape(line)}", soft_wrap=True)
         if report["comparisons"]:
             out.print(comparisons_table(report))
+        for line in exclusion_warnings(report["comparisons"]):
+            err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
         for line in stop_lines(report):
             out.print(escape(line), soft_wrap=True)
         for line in baseline_lines(report):
@@ -511,6 +517,8 @@ def compare_cmd(
         out.print(escape(f"only in B: {key}"))
     for change in result["provenance_changes"]:
         err.print(f"[yellow]provenance changed:[/] {escape(change)}")
+    for line in result["exclusion_warnings"]:
+        err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
     for side in result["headline_unknown"]:
         label = (side_a, side_b)[side == "b"].label
         err.print(

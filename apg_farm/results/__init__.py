@@ -29,6 +29,8 @@ from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
 from apg_farm.results.dataset_hashes import dataset_hash_lines
+from apg_farm.results.exclusions import report_lines as exclusion_lines
+from apg_farm.results.exclusions import warnings as exclusion_warnings
 from apg_farm.results.export import export_eee, model_slug
 from apg_farm.results.html_report import (
     cost_section,
@@ -139,6 +141,8 @@ __all__ = [
     "cost_points",
     "cost_section",
     "dataset_hash_lines",
+    "exclusion_lines",
+    "exclusion_warnings",
     "export_eee",
     "find_sweep",
     "forest_plot",

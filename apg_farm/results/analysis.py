@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from apg_farm import __version__
 from apg_farm.contract import FINGERPRINTS, PROVENANCE_LIBRARY, Outcome, envelope_provenance
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
-from apg_farm.results import queries, second_chance
+from apg_farm.results import exclusions, queries, second_chance
 from apg_farm.results.bed_baselines import add_bed_baselines
 from apg_farm.results.clustered import Clustered, clustered_sums, two_sided_p
 from apg_farm.results.clustered import as_dict as clustered_dict
@@ -112,7 +112,25 @@ def _paired_clustered(tally: queries.Tally, first: str, second: str) -> dict[str
     return found
 
 
-def _comparisons(tally: queries.Tally, models: list[str]) -> list[dict[str, Any]]:
+def _pair_exclusions(cells: list[dict[str, Any]], first: str, second: str) -> dict[str, Any] | None:
+    """The exclusion bound of both models of a pair over the tasks both ran (an attempt counted
+    or excluded after its agent started), A − B on it, and the warning (exclusions.py)."""
+    by_task: dict[str, dict[str, dict[str, Any]]] = {}
+    for cell in cells:
+        if cell.get("exclusion_bound_n"):
+            by_task.setdefault(cell["task"], {})[cell["model"]] = cell
+    shared = [mine for mine in by_task.values() if first in mine and second in mine]
+    return exclusions.pair(
+        exclusions.pooled(mine[first] for mine in shared),
+        exclusions.pooled(mine[second] for mine in shared),
+        (first, second),
+        sign=-1,
+    )
+
+
+def _comparisons(
+    tally: queries.Tally, models: list[str], cells: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Every pair of models over the (task, trial) cells where both have a counted outcome."""
     rows: list[dict[str, Any]] = []
     for first, second in itertools.combinations(models, 2):
@@ -139,6 +157,8 @@ def _comparisons(tally: queries.Tally, models: list[str]) -> list[dict[str, Any]
                 "p_value": result.p_value,
                 # The paired difference a - b over the cells, tasks as clusters.
                 "clustered": _paired_clustered(tally, first, second),
+                # Each side's rate with its exclusions after the start as failures.
+                "exclusions": _pair_exclusions(cells, first, second),
             }
         )
     for row, adjusted in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
@@ -307,7 +327,7 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
         cell.update(final_figures(cell["passed"], cell["n"]))
     models = [m for m in spec.get("models", []) if any(c["model"] == m for c in cells)]
     models += sorted({c["model"] for c in cells} - set(models))
-    comparisons = _comparisons(tally, models)
+    comparisons = _comparisons(tally, models, cells)
     model_list = model_rows(cells, models)
     second_chance.add_to_models({"cells": cells, "models": model_list}, rerun_tallies)
 

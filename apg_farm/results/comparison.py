@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from apg_farm.errors import NotFound
+from apg_farm.results import exclusions
 from apg_farm.results.analysis import analyse
 from apg_farm.results.baseline import load_baseline
 from apg_farm.results.clustered import as_dict as clustered_dict
@@ -146,6 +147,20 @@ def _second_chance(cells: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _exclusions(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any] | None:
+    """Both sides' exclusion bound over the tasks both ran (an attempt counted or excluded after
+    its agent started on each side), B − A on it, and the warning (exclusions.py)."""
+    if any("exclusion_bound_n" not in cell for pair in pairs for cell in pair):
+        return None  # a baseline promoted before #30: nothing is made up for it
+    ran = [(a, b) for a, b in pairs if a["exclusion_bound_n"] and b["exclusion_bound_n"]]
+    return exclusions.pair(
+        exclusions.pooled(a for a, _ in ran),
+        exclusions.pooled(b for _, b in ran),
+        ("A", "B"),
+        sign=1,
+    )
+
+
 def _headline_known(summary: dict[str, Any]) -> bool:
     return all(headline_known(cell) for cell in summary.get("cells", []))
 
@@ -200,6 +215,11 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                 "tasks": [c["task"] for c in mine],
                 "left_out": left_out,
                 "cost_tasks": [first["task"] for first, _ in shared],
+                # Every excluded attempt after the start as a failure, and whether A and B
+                # excluded alike.
+                "exclusions": _exclusions(
+                    [(cells_a[(c["task"], model)], cells_b[(c["task"], model)]) for c in ran]
+                ),
                 **pooled,
                 **_diff(pooled["a"], pooled["b"]),
                 # B - A with tasks as clusters: what `check` gates on by default.
@@ -225,6 +245,11 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "only_in_b": [f"{t} {m}" for (t, m) in cells_b if (t, m) not in cells_a],
         "outcomes": {"a": a.get("outcomes", {}), "b": b.get("outcomes", {})},
         "provenance_changes": changes,
+        "exclusion_warnings": [
+            f"{row['model']}: {row['exclusions']['warning']}"
+            for row in models
+            if row["exclusions"] and row["exclusions"]["warning"]
+        ],
         # Sides whose cells lack the headline counts (a baseline promoted before them): their
         # rate is the one over final outcomes.
         "headline_unknown": [

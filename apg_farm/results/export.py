@@ -98,7 +98,8 @@ def aggregate_envelope(
         for key in ("passed", "failed", "no_attempt", "tampered", "skipped", "invalid", "error")
     }
     # Beside the score, labelled: the rate over final outcomes (re-runs counted as second
-    # chances) and the lower bound (every re-run after the agent started counted as a failure).
+    # chances), the lower bound (every re-run after the agent started counted as a failure) and
+    # the exclusion bound (every INVALID, ERROR or SKIPPED after the start counted so).
     counts.update(
         {
             "headline_passed": str(passed),
@@ -106,6 +107,8 @@ def aggregate_envelope(
             "final_rate_with_reruns": str(cell.get("final_rate")),
             "lower_bound_rate": str(cell.get("lower_bound_rate")),
             "second_chance_attempts": str(cell.get("second_chance_attempts")),
+            "excluded_after_start": str(cell.get("excluded_after_start")),
+            "exclusion_bound_rate": str(cell.get("exclusion_bound_rate")),
         }
     )
     return {

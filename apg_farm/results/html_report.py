@@ -14,6 +14,7 @@ from typing import Any
 from apg_farm.results.clustered import MIN_TASKS
 from apg_farm.results.cost_plot import cost_per_execution, cost_plot_svg, cost_points, usd
 from apg_farm.results.dataset_hashes import dataset_hash_lines
+from apg_farm.results.exclusions import warnings as exclusion_warnings
 from apg_farm.results.stop_report import stop_section
 
 #: One colour per model, in the sweep's model order (colour-blind-safe Okabe-Ito palette).
@@ -230,6 +231,13 @@ def _rerun_cells(row: dict[str, Any]) -> str:
         if low is not None
         else "—"
     )
+    excluded = row.get("exclusion_bound_rate")
+    exclusion = (
+        f"{_pct(excluded)} [{_pct(row.get('exclusion_bound_ci_low'))}–"
+        f"{_pct(row.get('exclusion_bound_ci_high'))}]"
+        if excluded is not None
+        else "—"
+    )
     return (
         _cell(row.get("started_attempts", 0))
         + _cell(row.get("rerun_attempts", 0), warn=bool(row.get("rerun_attempts")))
@@ -243,6 +251,8 @@ def _rerun_cells(row: dict[str, Any]) -> str:
         + _cell(final)
         + _cell(f"{row.get('lower_bound_passed', 0)}/{row.get('lower_bound_n', 0)}")
         + _cell(bound, warn=low is not None and low != row.get("pass_rate"))
+        + _cell(row.get("excluded_after_start", 0), warn=bool(row.get("excluded_after_start")))
+        + _cell(exclusion, warn=bool(row.get("excluded_after_start")))
     )
 
 
@@ -259,6 +269,8 @@ _RERUN_HEADERS = [
     "with re-runs [95% CI]",
     "lower bound passed / n",
     "lower bound [95% CI]",
+    "excluded after the start",
+    "exclusion bound [95% CI]",
 ]
 
 
@@ -288,7 +300,8 @@ def second_chance_section(report: dict[str, Any]) -> str:
         "bought it: the headline counts its attempt as not passed. A lost lease, a farm error, a "
         "failed link after the run or a claim the farm reproduced cost the model nothing. The "
         "lower bound counts every attempt with a re-run as a failure; both add ERROR and "
-        "INVALID ones to n."
+        "INVALID ones to n. The exclusion bound counts every attempt that ended INVALID, ERROR "
+        "or SKIPPED after its agent started as a failure of the headline."
     )
     return f"""{summary}
 {_table("second-chance-models-table", ["model", *_RERUN_HEADERS], model_rows, caption=caption)}
@@ -489,7 +502,10 @@ def render_html(report: dict[str, Any]) -> str:
             _cell(f"task_sha256 {task}", left=True)
             + f'<td class="l"><code>{escape(text)}</code></td>'
         )
-    warnings = "".join(f'<p class="bad">{escape(w)}</p>' for w in prov.get("warnings", []))
+    warnings = "".join(
+        f'<p class="bad">{escape(w)}</p>'
+        for w in (*prov.get("warnings", []), *exclusion_warnings(comparisons))
+    )
     untrusted = ", ".join(report.get("untrusted_verifier", []))
     untrusted_note = (
         f'<p class="bad" id="untrusted-verifier">Untrusted verifier: attempts on {escape(untrusted)} '

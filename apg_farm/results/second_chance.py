@@ -39,6 +39,8 @@ from sqlalchemy.orm import Session
 from apg_farm.contract import FARM_KINDS as FARM_KINDS
 from apg_farm.contract import KINDS, SECOND_CHANCE_KINDS, Outcome, stored_kind
 from apg_farm.results import queries
+from apg_farm.results.exclusions import EXCLUDED, bound_figures
+from apg_farm.results.exclusions import KEYS as EXCLUSION_KEYS
 from apg_farm.results.headline import final_figures, rate_figures
 from apg_farm.results.stats import wilson
 from apg_farm.store import (
@@ -65,6 +67,8 @@ CELL_KEYS = (
     "lower_bound_rate",
     "lower_bound_ci_low",
     "lower_bound_ci_high",
+    # The exclusion bound (exclusions.py): INVALID, ERROR, SKIPPED after the start as failures.
+    *EXCLUSION_KEYS,
 )
 
 
@@ -85,9 +89,11 @@ def _count(condition: ColumnElement[bool]) -> ColumnElement[int]:
 
 
 #: Per-attempt tallies a row adds up: attempts started, with a re-run (and of those, PASSED and
-#: ERROR/INVALID ones), with a re-run the agent could have bought (the same split).
+#: ERROR/INVALID ones), with a re-run the agent could have bought (the same split), and started
+#: ones that ended outside every rate (INVALID, ERROR, SKIPPED: the exclusion bound's).
 _TALLIES = (
     "started",
+    "excluded",
     "rerun",
     "rerun_passed",
     "rerun_added",
@@ -132,6 +138,8 @@ def _tallies(session: Session, sweep_id: int) -> dict[tuple[str, str], dict[str,
     for task, model, outcome, started, rerun, bought in session.execute(stmt):
         found = out.setdefault((task, model), _zero())
         found["started"] += int(started)
+        if outcome in EXCLUDED:
+            found["excluded"] += int(started)
         for name, count in (("rerun", int(rerun or 0)), ("bought", int(bought or 0))):
             found[name] += count
             if outcome == Outcome.PASSED:
@@ -155,6 +163,7 @@ def _figures(found: dict[str, Any], n: int, passed: int) -> dict[str, Any]:
     lb_n = n + found["rerun_added"]
     lb_passed = passed - found["rerun_passed"]
     low, high = wilson(lb_passed, lb_n)
+    headline_passed = passed - found["bought_passed"]
     return {
         "started_attempts": found["started"],
         "rerun_attempts": found["rerun"],
@@ -163,12 +172,13 @@ def _figures(found: dict[str, Any], n: int, passed: int) -> dict[str, Any]:
         "rerun_share": found["rerun"] / found["started"] if found["started"] else None,
         "second_chance_attempts": found["bought"],
         "headline_n": n + found["bought_added"],
-        "headline_passed": passed - found["bought_passed"],
+        "headline_passed": headline_passed,
         "lower_bound_n": lb_n,
         "lower_bound_passed": lb_passed,
         "lower_bound_rate": lb_passed / lb_n if lb_n else None,
         "lower_bound_ci_low": low if lb_n else None,
         "lower_bound_ci_high": high if lb_n else None,
+        **bound_figures(headline_passed, n, found["excluded"]),
     }
 
 
