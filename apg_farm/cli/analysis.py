@@ -181,6 +181,9 @@ def report_command(
     else:
         out.print(report_table(report))
         out.print(models_table(report))
+        out.print(escape(report["estimand"]), soft_wrap=True)
+        if report.get("few_tasks"):
+            out.print(f"[yellow]few tasks:[/] {escape(report['few_tasks'])}", soft_wrap=True)
         if any(row.get("cost_usd") is not None for row in report["models"]):
             out.print(cost_table(report))
         out.print(second_chance_table(report))

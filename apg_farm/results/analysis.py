@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from apg_farm import __version__
 from apg_farm.contract import FINGERPRINTS, PROVENANCE_LIBRARY, Outcome, envelope_provenance
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
-from apg_farm.results import exclusions, queries, second_chance
+from apg_farm.results import exclusions, fixed_tasks, queries, second_chance
 from apg_farm.results.bed_baselines import add_bed_baselines
 from apg_farm.results.clustered import Clustered, clustered_sums, two_sided_p
 from apg_farm.results.clustered import as_dict as clustered_dict
@@ -94,6 +94,8 @@ def model_rows(cells: list[dict[str, Any]], models: list[str]) -> list[dict[str,
                 "pass_hat_k": _mean(c.get("pass_hat_k") for c in mine),
                 # Tasks as clusters: the interval the pooled headline has when tasks differ.
                 "clustered": clustered_dict(clustered_sums(counts)),
+                # These tasks fixed, only the trials varying ("this benchmark": fixed_tasks.py).
+                "fixed_tasks": fixed_tasks.rate(counts),
                 **final_figures(row["passed"], row["n"]),
             }
         )
@@ -157,6 +159,7 @@ def _comparisons(
                 "p_value": result.p_value,
                 # The paired difference a - b over the cells, tasks as clusters.
                 "clustered": _paired_clustered(tally, first, second),
+                "fixed_tasks": fixed_tasks.paired(list(tally.pair_by_task(first, second).values())),
                 # Each side's rate with its exclusions after the start as failures.
                 "exclusions": _pair_exclusions(cells, first, second),
             }
@@ -334,6 +337,11 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
     report.update(
         {
             "k": k,
+            # Which question the intervals answer, said once; and whether few tasks carry them.
+            "estimand": fixed_tasks.ESTIMAND,
+            "few_tasks": fixed_tasks.few_tasks_note(
+                max((row["tasks"] for row in model_list), default=0)
+            ),
             "models": model_list,
             "comparisons": comparisons,
             "phases": phases,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from apg_farm.errors import NotFound
-from apg_farm.results import exclusions
+from apg_farm.results import exclusions, fixed_tasks
 from apg_farm.results.analysis import analyse
 from apg_farm.results.baseline import load_baseline
 from apg_farm.results.clustered import as_dict as clustered_dict
@@ -222,6 +222,10 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                 ),
                 **pooled,
                 **_diff(pooled["a"], pooled["b"]),
+                # B - A with these tasks fixed ("this benchmark": fixed_tasks.py).
+                "fixed_tasks": fixed_tasks.difference(
+                    [(c["a"]["passed"], c["a"]["n"], c["b"]["passed"], c["b"]["n"]) for c in mine]
+                ),
                 # B - A with tasks as clusters: what `check` gates on by default.
                 "clustered": clustered_dict(
                     clustered_difference(

@@ -502,6 +502,11 @@ def render_html(report: dict[str, Any]) -> str:
             _cell(f"task_sha256 {task}", left=True)
             + f'<td class="l"><code>{escape(text)}</code></td>'
         )
+    estimand = f'<p id="estimand">{escape(report.get("estimand") or "")}</p>' + (
+        f'<p id="few-tasks" class="bad">{escape(report["few_tasks"])}</p>'
+        if report.get("few_tasks")
+        else ""
+    )
     warnings = "".join(
         f'<p class="bad">{escape(w)}</p>'
         for w in (*prov.get("warnings", []), *exclusion_warnings(comparisons))
@@ -541,6 +546,7 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 
 <h2>Per model</h2>
 {_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)", *_BESIDE_HEADERS, f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"{HEADLINE_NOTE} Pooled over tasks; pass@{k} and pass^{k} are means over tasks. The naive interval (Wilson) takes every attempt as independent; the task-clustered one (CR2, tasks as clusters, t on Bell–McCaffrey df) allows for tasks that differ in difficulty, and is given from {MIN_TASKS} tasks on: read it.")}
+{estimand}
 
 <h2>Second-chance bias</h2>
 {second_chance_section(report)}
