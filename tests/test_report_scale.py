@@ -34,6 +34,7 @@ from apg_farm.results.analysis import (
     _rate_cell,
     model_rows,
 )
+from apg_farm.results.bed_window import STATE_AFTER
 from apg_farm.results.clustered import Clustered, clustered_mean, two_sided_p
 from apg_farm.results.clustered import as_dict as clustered_dict
 from apg_farm.results.costs import COST_KEYS
@@ -329,17 +330,33 @@ def row_by_row(store: Store, sweep: Sweep, k: int | None = None) -> dict[str, An
         ).all()
         bed_names = sorted({row.name for row in executions})
         beds = {b.name: b for b in session.scalars(select(Bed).where(Bed.name.in_(bed_names)))}
-        quarantines = Counter(
-            session.scalars(
-                select(Bed.name)
-                .join(BedEvent, BedEvent.bed_id == Bed.id)
-                .where(
-                    Bed.name.in_(bed_names),
-                    BedEvent.kind == "quarantined",
-                    BedEvent.at >= sweep.created_at,
-                )
+        # The sweep's window: to its last execution's end, open while attempts are pending.
+        pending = any(cell["pending"] for cell in report["cells"])
+        finished = [
+            e.finished_at
+            for e in session.scalars(
+                select(Execution).join(Attempt).where(Attempt.sweep_id == sweep.id)
             )
-        )
+            if e.finished_at is not None
+        ]
+        end = None if pending or not finished else max(finished)
+        quarantines: Counter[str] = Counter()
+        at_end: dict[str, tuple[str, str | None]] = {}
+        for event, name in session.execute(
+            select(BedEvent, Bed.name)
+            .join(Bed, Bed.id == BedEvent.bed_id)
+            .where(Bed.name.in_(bed_names))
+            .order_by(BedEvent.id)
+        ):
+            if end is not None and event.at > end:
+                if event.kind in STATE_AFTER:
+                    at_end.setdefault(name, ("active", None))  # born active, changed later
+                continue
+            if event.kind == "quarantined" and event.at >= sweep.created_at:
+                quarantines[name] += 1
+            if event.kind in STATE_AFTER:
+                state = STATE_AFTER[event.kind]
+                at_end[name] = (state, event.detail if state != "active" else None)
     cells = report["cells"]
     headline = _headline_counts(store, sweep)
     for cell in cells:
@@ -398,10 +415,12 @@ def row_by_row(store: Store, sweep: Sweep, k: int | None = None) -> dict[str, An
         results: Counter[str] = row.pop("results")
         bed = beds.get(name)
         infra = results.get("RETRY", 0) + results.get(Outcome.ERROR, 0)
+        now = (str(bed.state), bed.state_reason) if bed else ("removed", None)
         row.update(
             {
-                "state": bed.state if bed else "removed",
-                "reason": bed.state_reason if bed else None,
+                "state": at_end.get(name, now)[0],
+                "reason": at_end.get(name, now)[1],
+                "state_now": now[0],
                 "results": dict(sorted(results.items())),
                 "retries": results.get("RETRY", 0),
                 "lost": results.get("LOST", 0),

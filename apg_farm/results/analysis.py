@@ -14,13 +14,13 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apg_farm import __version__
 from apg_farm.contract import FINGERPRINTS, PROVENANCE_LIBRARY, Outcome, envelope_provenance
 from apg_farm.contract import GRADED as GRADED_OUTCOMES
-from apg_farm.results import exclusions, fixed_tasks, queries, second_chance
+from apg_farm.results import bed_window, exclusions, fixed_tasks, queries, second_chance
 from apg_farm.results.bed_baselines import add_bed_baselines
 from apg_farm.results.clustered import Clustered, clustered_sums, two_sided_p
 from apg_farm.results.clustered import as_dict as clustered_dict
@@ -30,7 +30,7 @@ from apg_farm.results.headline import final_figures, headline_counts, rate_figur
 from apg_farm.results.report import CELL_COUNTS, report_from_cells, untrusted_beds
 from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
 from apg_farm.results.stop_report import add_stop
-from apg_farm.store import Bed, BedEvent, Store, Sweep
+from apg_farm.store import Bed, Store, Sweep
 
 #: pass@k and pass^k are reported at this k unless told otherwise (capped at the sweep's trials).
 DEFAULT_K = 5
@@ -258,27 +258,32 @@ def _read_provenance(
 
 
 def _beds(
-    session: Session, sweep: Sweep, names: dict[int, str], prints: dict[str, Counter[str]]
+    session: Session,
+    sweep: Sweep,
+    names: dict[int, str],
+    prints: dict[str, Counter[str]],
+    *,
+    pending: bool,
 ) -> list[dict[str, Any]]:
-    """Per bed the sweep ran on: executions by result, retries, infra failures, quarantines."""
+    """Per bed the sweep ran on: executions by result, retries, infra failures, and its
+    quarantines and state within the sweep's window (bed_window.py)."""
     results: dict[str, Counter[str]] = {}
+    ran: set[int] = set()
     for bed_id, result, count in queries.execution_results(session, sweep.id):
         if bed_id in names:
             results.setdefault(names[bed_id], Counter())[result or "RUNNING"] += count
+            ran.add(bed_id)
     medians = queries.group_quantiles(session, queries.bed_seconds(sweep.id), (0.5,))
-    beds = {b.name: b for b in session.scalars(select(Bed).where(Bed.id.in_(names))).all()}
-    quarantines = dict(
-        session.execute(
-            select(Bed.name, func.count())
-            .join(BedEvent, BedEvent.bed_id == Bed.id)
-            .where(
-                Bed.id.in_(names),
-                BedEvent.kind == "quarantined",
-                BedEvent.at >= sweep.created_at,
-            )
-            .group_by(Bed.name)
-        ).all()
-    )
+    beds = {b.name: b for b in session.scalars(select(Bed).where(Bed.id.in_(ran))).all()}
+    window = bed_window.sweep_window(session, sweep.id, sweep.created_at, pending=pending)
+    quarantines = {
+        names[bed_id]: count
+        for bed_id, count in bed_window.quarantines(session, ran, window).items()
+    }
+    at_end = {
+        names[bed_id]: state
+        for bed_id, state in bed_window.states_at_end(session, ran, window).items()
+    }
     median_of = {names[bed_id]: cut[0] for bed_id, cut in medians.items() if bed_id in names}
     rows = []
     for name in sorted(results):
@@ -286,13 +291,17 @@ def _beds(
         executions = sum(counts.values())
         bed = beds.get(name)
         infra = counts.get("RETRY", 0) + counts.get(Outcome.ERROR, 0)
+        now = (bed.state, bed.state_reason) if bed else ("removed", None)
+        state, reason = at_end.get(name, now)
         rows.append(
             {
                 "bed": name,
                 "executions": executions,
                 "retries": counts.get("RETRY", 0),
-                "state": bed.state if bed else "removed",
-                "reason": bed.state_reason if bed else None,
+                # As the sweep left it; today's beside it.
+                "state": str(state),
+                "reason": reason,
+                "state_now": str(now[0]),
                 "results": dict(sorted(counts.items())),
                 "lost": counts.get("LOST", 0),
                 "infra_failure_rate": infra / executions if executions else None,
@@ -321,7 +330,8 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
         # Re-runs after the agent started: the headline's counts and the lower bound.
         rerun_tallies = second_chance.tallies(session, sweep.id)
         _read_provenance(session, sweep.id, names, provenance)
-        beds = _beds(session, sweep, names, provenance.bed_prints)
+        pending = any(cell["pending"] for cell in report["cells"])
+        beds = _beds(session, sweep, names, provenance.bed_prints, pending=pending)
     cells = report["cells"]
     second_chance.add_to_cells(report, rerun_tallies)
     for cell in cells:
