@@ -474,10 +474,12 @@ def compare_cmd(
     from apg_farm.results import (
         compare,
         cost_findings,
+        is_sealed,
         load_side,
         parse_cost_increase,
         refuse_across_baselines,
         stop_lines,
+        unsealed_warning,
     )
 
     fmt = pick_format(fmt, as_json, ("table", "json"))
@@ -529,6 +531,10 @@ def compare_cmd(
             "over final outcomes",
             soft_wrap=True,
         )
+    for loaded in (side_a, side_b):
+        if loaded.kind == "baseline" and not is_sealed(loaded.summary):
+            warning = unsealed_warning(loaded.label)
+            err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     for line in crossing:
         err.print(f"[yellow]across bed baselines:[/] {escape(line)}", soft_wrap=True)
     for problem in (*side_a.problems, *side_b.problems):
@@ -607,7 +613,7 @@ def baseline_list(
         return
 
     table = Table(title=f"baselines in {directory}")
-    for column in ("name", "sweep", "promoted", "cells", "indispensable", "verifies"):
+    for column in ("name", "sweep", "promoted", "cells", "indispensable", "evidence"):
         table.add_column(column)
     for path in sorted(directory.glob("*.json")):
         try:
@@ -622,7 +628,8 @@ def baseline_list(
             str(doc.get("promoted_at")),
             str(len(doc["cells"])),
             ", ".join(doc.get("indispensable", {})),
-            "[red]no[/]" if loaded.problems else "yes",
+            f"[{'green' if loaded.verifies else 'red' if loaded.problems else 'yellow'}]"
+            f"{escape(loaded.evidence())}[/]",
         )
     out.print(table)
 
@@ -648,7 +655,10 @@ def _baseline_row(path: Path) -> dict[str, Any]:
         "promoted_at": doc.get("promoted_at"),
         "cells": len(doc["cells"]),
         "indispensable": list(doc.get("indispensable", {})),
-        "verifies": not loaded.problems,
+        # A digest alone is recomputed by whoever edits the file: only a sealed sweep verifies.
+        "verifies": loaded.verifies,
+        "sealed": loaded.sealed,
+        "evidence": loaded.evidence(),
         "problems": list(loaded.problems),
     }
 

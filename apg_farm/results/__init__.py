@@ -15,8 +15,10 @@ from apg_farm.results.analysis import analyse
 from apg_farm.results.baseline import (
     LoadedBaseline,
     build_baseline,
+    is_sealed,
     load_baseline,
     parse_indispensable,
+    unsealed_warning,
     write_baseline,
 )
 from apg_farm.results.bed_baselines import (
@@ -148,6 +150,7 @@ __all__ = [
     "forest_plot",
     "group_quantiles",
     "holm",
+    "is_sealed",
     "list_sweeps",
     "load_baseline",
     "load_side",
@@ -181,6 +184,7 @@ __all__ = [
     "t_quantile",
     "tasks_needed",
     "trials_needed",
+    "unsealed_warning",
     "usd",
     "verify_seal",
     "watch_snapshot",

@@ -130,6 +130,40 @@ class LoadedBaseline:
     doc: dict[str, Any]
     problems: tuple[str, ...]
 
+    @property
+    def sealed(self) -> bool:
+        """Whether its sweep was sealed when it was promoted (the seal's digest is in it)."""
+        return is_sealed(self.doc)
+
+    @property
+    def verifies(self) -> bool:
+        """True only when something beyond the file vouches for it: its digest matches and its
+        sweep was sealed. A digest alone is recomputed by whoever edits the file."""
+        return not self.problems and self.sealed
+
+    def evidence(self) -> str:
+        """What its evidence rests on, in the words `baseline list` prints."""
+        if self.problems:
+            return "does not verify: edited after promotion"
+        if not self.sealed:
+            return "unverified: its sweep was not sealed (the file's own digest only)"
+        seal = str(self.doc["provenance"]["seal_sha256"])
+        return f"sealed sweep (seal {seal[:12]}), digest matches"
+
+
+def is_sealed(doc: dict[str, Any]) -> bool:
+    """Whether a baseline document records its sweep's seal."""
+    provenance = doc.get("provenance")
+    return isinstance(provenance, dict) and bool(provenance.get("seal_sha256"))
+
+
+def unsealed_warning(label: str) -> str:
+    """The warning `check` and `compare` give a baseline whose sweep was not sealed."""
+    return (
+        f"{label} comes from a sweep that was not sealed: nothing but the file's own digest "
+        "vouches for its figures (seal the sweep, then promote it again)"
+    )
+
 
 def load_baseline(path: Path) -> LoadedBaseline:
     """Read a baseline; a malformed file is bad input, an edited one a problem to report."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apg_farm.errors import BadInput
+from apg_farm.results.baseline import is_sealed, unsealed_warning
 from apg_farm.results.comparison import Side, compare
 from apg_farm.results.cost_plot import usd
 from apg_farm.results.gate_family import ALPHA, Family, gate_family
@@ -238,6 +239,8 @@ def check_regression(
     for side in (base, candidate):
         for problem in side.problems:
             fail(f"evidence does not verify: {problem}")
+        if side.kind == "baseline" and not is_sealed(side.summary):
+            warn(unsealed_warning(side.label))
     b, c = base.summary, candidate.summary
     result = compare(b, c)
     verdict.comparison = result
