@@ -870,7 +870,7 @@ def export_cmd(
         Path | None,
         typer.Option(
             "--inspect",
-            help="Folder for Inspect AI eval logs (one .eval per model; needs apg-farm[inspect]).",
+            help="Folder for Inspect AI eval logs (one .eval per model; needs apg-farm\\[inspect]).",
         ),
     ] = None,
     force: Annotated[

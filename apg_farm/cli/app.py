@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
+from rich.markup import escape
 
 from apg_farm.cli import analysis as analysis_cli
 from apg_farm.cli import (
@@ -254,7 +255,7 @@ def bed_add(
     )
     if docker_host:
         set_docker_host(store, row.name, docker_host)
-    out.print(f"bed {row.name} added to pool {row.pool} ({row.approot})")
+    out.print(escape(f"bed {row.name} added to pool {row.pool} ({row.approot})"))
     if row.escrow_set is not None:
         record_escrow_set(store, row, row.escrow_set)
     elif row.untrusted_verifier:
@@ -746,7 +747,8 @@ def main() -> None:
     try:
         code = app(standalone_mode=False, prog_name="apg-farm")
     except FarmError as error:
-        err.print(f"[red]error:[/] {error.render()}", soft_wrap=True)
+        # The message can quote anything (a bed's output, a path, `pip install 'x[y]'`): as text.
+        err.print(f"[red]error:[/] {escape(error.render())}", soft_wrap=True)
         sys.exit(error.exit_code)
     except _EXITS as done:
         sys.exit(done.exit_code)

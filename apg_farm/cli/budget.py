@@ -6,6 +6,7 @@ import math
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from apg_farm.cli.common import json_option, machine_output, open_store, out, print_json
@@ -114,7 +115,7 @@ def _show(*, store_status: dict[str, object], as_json: bool) -> None:
         )
     out.print(table)
     if store_status["paused"]:
-        out.print(f"[bold yellow]paused:[/] {store_status['paused']}")
+        out.print(f"[bold yellow]paused:[/] {escape(str(store_status['paused']))}")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
+
 from apg_farm.cli.analysis import cost_table
 from apg_farm.cli.common import err, out, report_table
 from apg_farm.cli.running import execute_sweep
@@ -204,11 +206,11 @@ def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults:
     from apg_farm.settings import load_settings
 
     root = load_settings().home / "demo"
-    err.print(f"preparing {beds} simulated beds in {root} ...")
+    err.print(escape(f"preparing {beds} simulated beds in {root} ..."))
     names = prepare_demo_beds(store, root, beds=beds, time_scale=time_scale, faults=faults)
     if faults:
         for index, (what, _) in enumerate(DEMO_FAULTS[:beds]):
-            err.print(f"  fault on {names[index]}: {what}")
+            err.print(escape(f"  fault on {names[index]}: {what}"))
     spec = demo_spec(trials=trials)
     submission = submit(store, spec)
     out.print(submission.describe())

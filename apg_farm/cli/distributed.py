@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from apg_farm.cli.common import err, open_store, out
 from apg_farm.cli.progress import done_count
@@ -185,9 +186,9 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
                     no_worker_since = None
                 elif no_worker_since is None:
                     no_worker_since = now
-                    err.print(f"[yellow]{problem}[/]; waiting up to {grace:.0f} s for one")
+                    err.print(f"[yellow]{escape(problem)}[/]; waiting up to {grace:.0f} s for one")
                 elif now - no_worker_since >= grace:
-                    err.print(f"[red]gave up after {grace:.0f} s:[/] {problem}")
+                    err.print(f"[red]gave up after {grace:.0f} s:[/] {escape(problem)}")
                     return False
             if now - last_reconcile >= settings.reconcile_seconds:
                 reconcile(store, app, broker_url, unacked_grace=settings.lease_seconds)
@@ -340,7 +341,7 @@ def worker_cmd(
     settings, _ = require_broker()
     store = Store(settings.resolved_database_url(), upgrade=False)
     # A worker started while its store is down waits for it, as it waits for its bed.
-    store.wait_until_reachable(say=lambda line: err.print(f"[yellow]{line}[/]"))
+    store.wait_until_reachable(say=lambda line: err.print(f"[yellow]{escape(line)}[/]"))
     store.upgrade()
     row = wait_for_bed(store, bed)
     if row.state == BedState.REMOVED:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from apg_farm.cli.common import err, json_option, open_store, out, print_json
 
@@ -81,7 +82,7 @@ def bed_clone_cmd(
             )
         raise
     if result.pinned:
-        err.print(f"[yellow]trust on first use:[/] {result.pinned}")
+        err.print(f"[yellow]trust on first use:[/] {escape(str(result.pinned))}")
     if as_json:
         print_json(
             {

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from apg_farm.cli.common import err, json_option, machine_output, open_store, out, print_json
 
@@ -52,13 +53,13 @@ def add_ssh_bed(
         ),
     )
     if pinned:
-        err.print(f"[yellow]trust on first use:[/] {pinned}")
+        err.print(f"[yellow]trust on first use:[/] {escape(str(pinned))}")
     out.print(
         f"bed {row.name} added to pool {row.pool} "
         f"(ssh {row.ssh_user}@{row.host}:{row.ssh_port}, {row.approot})"
     )
     if record is not None:
-        out.print(f"escrow set {record.path} recorded ({len(record.files)} files)")
+        out.print(escape(f"escrow set {record.path} recorded ({len(record.files)} files)"))
     else:
         err.print(
             f"[yellow]next:[/] `apg-farm bed escrow {row.name}` makes the escrow set on the bed's "
@@ -112,7 +113,7 @@ def beds_apply_cmd(
         open_store(create=not dry_run), inventory, source=str(file), dry_run=dry_run
     )
     for note in result.notes:
-        err.print(f"[yellow]note:[/] {note}")
+        err.print(f"[yellow]note:[/] {escape(note)}")
     for change in result.changes:
         out.print(change.describe())
     counts = ", ".join(
