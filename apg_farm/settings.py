@@ -20,7 +20,8 @@ from apg_farm.errors import BadInput
 class Settings(BaseSettings):
     """Process-wide settings; every farm process reads the same ones."""
 
-    model_config = SettingsConfigDict(env_prefix="APG_FARM_", extra="ignore")
+    # inf and nan are no durations: APG_FARM_LEASE_SECONDS=inf was taken (#31).
+    model_config = SettingsConfigDict(env_prefix="APG_FARM_", extra="ignore", allow_inf_nan=False)
 
     home: Path = Field(default_factory=lambda: Path.home() / ".apg-farm")
     """Folder for the embedded database and the demo's beds."""

@@ -64,8 +64,15 @@ def _emit(text: str, output: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text, encoding="utf-8")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise BadInput(
+            f"cannot write {output}: {error.strerror or error}",
+            field="--output",
+            fix="give a path in a folder you can write to",
+        ) from None
     err.print(escape(f"wrote {output}"))
 
 

@@ -1,7 +1,7 @@
 """Square brackets reach the reader (#31, part 5): Rich reads `[inspect]` as markup and printed
 `pip install 'apg-farm'` in `export --help` and in the missing-extra error. Every help text of
 every command is rendered and every bracketed word in it must show; an error's message is
-printed as text, whatever it quotes."""
+printed as text, whatever it quotes. And bad input that used to pass or crash (#31, part 5)."""
 
 from __future__ import annotations
 
@@ -61,3 +61,25 @@ def test_an_errors_text_is_printed_as_written(
     run_main(monkeypatch, capsys, "db", "upgrade")
     _, err = run_main(monkeypatch, capsys, "report", "no[inspect]such[/]", code=2)
     assert "no[inspect]such[/]" in err
+
+
+def test_infinite_durations_and_unwritable_outputs_are_bad_input(
+    sqlite_only_store: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """#31: APG_FARM_LEASE_SECONDS=inf was taken (exit 0); `report -o /proc/x/r.html` was a
+    FileNotFoundError traceback."""
+    from tests.test_exclusions import build
+
+    build(sqlite_only_store, "out", excluded=0)
+    monkeypatch.setenv("APG_FARM_DATABASE_URL", sqlite_only_store.url)
+    for value in ("inf", "nan", "-inf"):
+        monkeypatch.setenv("APG_FARM_LEASE_SECONDS", value)
+        _, err = run_main(monkeypatch, capsys, "sweep", "list", code=2)
+        assert "APG_FARM_LEASE_SECONDS" in err and "finite" in err
+    monkeypatch.delenv("APG_FARM_LEASE_SECONDS")
+    _, err = run_main(
+        monkeypatch, capsys, "report", "out", "--format", "html", "-o", "/proc/x/r.html", code=2
+    )
+    assert "--output: cannot write /proc/x/r.html" in err
