@@ -336,13 +336,37 @@ def bed_doctor_cmd(
 
 
 @bed_app.command("release")
-def bed_release(name: str) -> None:
-    """Return a quarantined bed to its pool once a human has looked at it."""
+def bed_release(
+    name: str,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Release without running the bed's doctor first (it may fail again)."
+        ),
+    ] = False,
+) -> None:
+    """Return a quarantined bed to its pool once a human has looked at it: its doctor runs first,
+    and a bed it calls NOT healthy stays out (exit 1)."""
+    from apg_farm.beds import get_bed
     from apg_farm.scheduler import pool_queue
     from apg_farm.store import release_bed
     from apg_farm.workers import resume_consumer
 
-    row = release_bed(open_store(), name)
+    store = open_store()
+    if not force:
+        # A bed released while its doctor fails is quarantined again at its next attempt.
+        healthy, verdict = bed_doctor(store, get_bed(store, name))
+        if not healthy:
+            for line in doctor_lines(name, healthy, verdict)[:-1]:
+                err.print(line, markup=False, soft_wrap=True)
+            err.print(
+                f"bed {name} stays quarantined: its doctor is NOT healthy; fix what it names, "
+                "or release it anyway with --force",
+                markup=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(1)
+    row = release_bed(store, name)
     out.print(f"bed {row.name} is active again")
     resume_consumer(pool_queue(row.pool), (row.meta or {}).get("worker"))
 
