@@ -63,7 +63,7 @@ def test_ctrl_c_says_how_to_resume_and_the_resume_says_what_it_waits_for(tmp_pat
     assert _running(store) == 1  # nobody renews it now: the lease will run out
 
     resumed = run_process(env, "sweep", "resume", "cut")
-    assert "waiting for 1 attempt(s) an earlier run left holding bed0" in resumed.stderr
+    assert "waiting for 1 attempt(s) an interrupted run left holding bed0" in resumed.stderr
     assert "their leases run out in about" in resumed.stderr
     # It did wait, and then ran them: every attempt has its outcome, and the table says so.
     with store.read() as session:

@@ -3,6 +3,9 @@ interrupted, and when a resume waits for the attempts an interrupted run left ho
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,13 +26,46 @@ class Held:
     beds: tuple[str, ...]
     #: Seconds until the last of their leases runs out, by the store's clock.
     seconds: float
+    #: The processes of this host still alive that hold some of them (another `run`, a worker).
+    alive: tuple[str, ...] = ()
+    #: Holders on other hosts: whether they live cannot be told from here.
+    elsewhere: tuple[str, ...] = ()
+
+
+#: An execution's worker: embedded@HOST:PID/BED or celery:BED@HOST:PID.
+_WORKER = re.compile(r"(?:embedded@|celery:[^@]*@)(?P<host>[^:/]+):(?P<pid>\d+)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process, alive
+    return True
+
+
+def _holders(workers: list[str | None]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(alive here, on other hosts) among the workers that hold attempts."""
+    here, alive, elsewhere = socket.gethostname(), set(), set()
+    for worker in workers:
+        found = _WORKER.match(worker or "")
+        if found is None:
+            continue
+        holder = f"pid {found['pid']} on {found['host']}"
+        if found["host"] != here:
+            elsewhere.add(holder)
+        elif int(found["pid"]) != os.getpid() and _pid_alive(int(found["pid"])):
+            alive.add(holder)
+    return tuple(sorted(alive)), tuple(sorted(elsewhere))
 
 
 def held_attempts(store: Store, sweep_id: int) -> Held:
     """The sweep's running attempts whose lease has not run out yet."""
     from sqlalchemy import func, select
 
-    from apg_farm.store import Attempt, AttemptState, Bed
+    from apg_farm.store import Attempt, AttemptState, Bed, Execution
 
     with store.read() as session:
         now = session.scalar(select(store.now()))
@@ -45,8 +81,17 @@ def held_attempts(store: Store, sweep_id: int) -> Held:
             select(Bed.name).join(Attempt, Attempt.bed_id == Bed.id).where(*live).distinct()
         )
         names = tuple(sorted(beds))
+        # Who holds them: the worker of each held attempt's latest execution.
+        latest = (
+            select(func.max(Execution.id))
+            .join(Attempt, Attempt.id == Execution.attempt_id)
+            .where(*live)
+            .group_by(Execution.attempt_id)
+        )
+        workers = list(session.scalars(select(Execution.worker).where(Execution.id.in_(latest))))
     seconds = (last - now).total_seconds() if count and last and now else 0.0
-    return Held(int(count or 0), names, max(0.0, seconds))
+    alive, elsewhere = _holders(workers)
+    return Held(int(count or 0), names, max(0.0, seconds), alive, elsewhere)
 
 
 def interrupted_lines(store: Store, sweep_id: int, name: str, *, distributed: bool) -> list[str]:
@@ -73,13 +118,28 @@ def _say_held(store: Store, sweep_id: int) -> None:
     """A resume after an interruption waits for leases nobody renews: say so, and for how long."""
     held = held_attempts(store, sweep_id)
     if held.attempts:
-        err.print(
-            f"waiting for {held.attempts} attempt(s) an earlier run left holding "
-            f"{', '.join(held.beds)} (interrupted, or still running elsewhere): their leases run "
-            f"out in about {held.seconds:.0f} s, then they run here",
-            markup=False,
-            soft_wrap=True,
+        err.print(_held_line(held), markup=False, soft_wrap=True)
+
+
+def _held_line(held: Held) -> str:
+    """What a resume says of attempts another process holds: a live one renews its leases and
+    finishes them itself; only an interrupted run's come back when their leases run out."""
+    where = ", ".join(held.beds)
+    if held.alive:
+        return (
+            f"{held.attempts} attempt(s) on {where} are running in another process still alive "
+            f"({', '.join(held.alive)}): it finishes them; this run takes the rest and waits"
         )
+    if held.elsewhere:
+        return (
+            f"{held.attempts} attempt(s) on {where} are held from another host "
+            f"({', '.join(held.elsewhere)}): if it still runs it finishes them; if it stopped, "
+            f"their leases run out in about {held.seconds:.0f} s and they run here"
+        )
+    return (
+        f"waiting for {held.attempts} attempt(s) an interrupted run left holding {where}: their "
+        f"leases run out in about {held.seconds:.0f} s, then they run here"
+    )
 
 
 def execute_sweep(store: Store, sweep_id: int) -> bool:
