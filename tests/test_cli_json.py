@@ -112,6 +112,9 @@ def test_run_resume_and_submit_print_one_document(farm: Farm) -> None:
     assert (
         ran["report"]["sweep"]["name"] == "j-run" and sum(ran["report"]["outcomes"].values()) == 2
     )
+    # The verdict: a line per model pair and per model.
+    models = {cell["model"] for cell in ran["report"]["cells"]}
+    assert sum(" n = " in line for line in ran["verdict"]) == len(models)
     resumed = _one_document(farm, "sweep", "resume", "j-run", "--json")
     assert resumed["submitted"] is None and resumed["report"] == ran["report"]
     again = _one_document(farm, "sweep", "submit", sweep_file, "--json")

@@ -626,6 +626,7 @@ def _without_costs(report: dict[str, Any]) -> dict[str, Any]:
     for row in (*report.get("models", []), *report.get("comparisons", [])):
         row.pop("fixed_tasks", None)
     report.pop("estimand", None)
+    report.pop("verdict", None)  # results/verdict.py, tests/test_verdict.py
     report.pop("few_tasks", None)
     # As the bed baselines (bed_baselines.py, tests/test_upgrade.py).
     report.pop("bed_baselines", None)

@@ -23,6 +23,7 @@ from apg_farm.cli.common import (
     out,
     pick_format,
     print_json,
+    print_verdict,
     report_table,
 )
 from apg_farm.cli.distributed import sweep_without_worker
@@ -208,6 +209,7 @@ def report_command(
             err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
         for line in dataset_hash_lines(report):
             err.print(f"[red]dataset hashes:[/] {escape(line)}", soft_wrap=True)
+        print_verdict(report["verdict"])
 
 
 def status_command(sweep_ref: str, *, as_json: bool, watch: bool, interval: float) -> None:
@@ -550,6 +552,7 @@ def compare_cmd(
     for side, label in (("a", side_a.label), ("b", side_b.label)):
         for line in stop_lines({"stop": result["stop"][side]}):
             out.print(escape(f"{side.upper()} ({label}) {line.strip()}"), soft_wrap=True)
+    print_verdict(result["verdict"])
     if cost is None:
         return
     for line in cost.within:

@@ -32,6 +32,7 @@ from apg_farm.cli.common import (
     open_store,
     out,
     print_json,
+    print_verdict,
     report_table,
 )
 from apg_farm.cli.completion import (
@@ -678,6 +679,18 @@ def _submit_spec(store: Store, spec: SweepSpec) -> Submission:
     return submission
 
 
+#: What `run --json` keeps of the analysis under "report": the report it always gave
+#: (results.sweep_report's keys); `apg-farm report --json` has the rest.
+RUN_REPORT_KEYS = (
+    "sweep",
+    "outcomes",
+    "cells",
+    "untrusted_verifier",
+    "second_chance",
+    "dataset_hashes",
+)
+
+
 def _run_to_the_end(
     store: Store, sweep_id: int, *, as_json: bool = False, submitted: Submission | None = None
 ) -> None:
@@ -685,7 +698,7 @@ def _run_to_the_end(
     the table and how to see it again, or with --json one document. Ctrl-C says how to go on."""
     from dataclasses import asdict
 
-    from apg_farm.results import find_sweep, sweep_report
+    from apg_farm.results import analyse, find_sweep
 
     sweep = find_sweep(store, str(sweep_id))
     on_workers = distributed.broker_configured()
@@ -700,15 +713,21 @@ def _run_to_the_end(
             err.print(line, markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     # Read again: the run has ended it (finished), which the row read before does not know.
-    report = sweep_report(store, find_sweep(store, str(sweep_id)))
+    report = analyse(store, find_sweep(store, str(sweep_id)))
     if as_json:
         print_json(
-            {"ok": ok, "submitted": asdict(submitted) if submitted else None, "report": report}
+            {
+                "ok": ok,
+                "submitted": asdict(submitted) if submitted else None,
+                "verdict": report["verdict"],
+                "report": {key: report[key] for key in RUN_REPORT_KEYS if key in report},
+            }
         )
     else:
         out.print(report_table(report))
         # Never wrapped: it is copied and pasted.
         out.print(f"the whole report: apg-farm report {sweep.name}", soft_wrap=True, markup=False)
+        print_verdict(report["verdict"])
     if not ok:
         raise typer.Exit(1)
 

@@ -88,6 +88,14 @@ def report_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def print_verdict(lines: list[str]) -> None:
+    """The verdict (results/verdict.py), one line each, never cut: the last thing printed."""
+    if lines:
+        out.print("[bold]verdict[/]")
+    for line in lines:
+        out.print(line, markup=False, soft_wrap=True)
+
+
 def print_json(data: Any) -> None:
     """Machine output: plain JSON on stdout, never wrapped or coloured."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

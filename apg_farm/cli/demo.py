@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 
 from apg_farm.cli.analysis import cost_table
-from apg_farm.cli.common import err, out, report_table
+from apg_farm.cli.common import err, out, print_verdict, report_table
 from apg_farm.cli.running import execute_sweep
 from apg_farm.defaults import DEFAULT_FIXTURES
 
@@ -229,4 +229,5 @@ def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults:
         f"stored in {store.safe_url()}; see it again with: apg-farm report {sweep.name}",
         soft_wrap=True,
     )
+    print_verdict(report["verdict"])
     return ok

@@ -30,6 +30,7 @@ from apg_farm.results.headline import final_figures, headline_counts, rate_figur
 from apg_farm.results.report import CELL_COUNTS, report_from_cells, untrusted_beds
 from apg_farm.results.stats import holm, paired_counts, pass_at_k, pass_hat_k, wilson
 from apg_farm.results.stop_report import add_stop
+from apg_farm.results.verdict import report_verdict
 from apg_farm.store import Bed, Store, Sweep
 
 #: pass@k and pass^k are reported at this k unless told otherwise (capped at the sweep's trials).
@@ -393,4 +394,6 @@ def analyse(store: Store, sweep: Sweep, *, k: int | None = None) -> dict[str, An
     )
     # A sweep's question (`stop:`): its anytime-valid figures beside the fixed-n ones.
     add_stop(report, sweep)
+    # Who won by how much, one line a pair and a model: what a person reads first.
+    report["verdict"] = report_verdict(report)
     return report

@@ -34,6 +34,7 @@ from apg_farm.results.headline import headline_counts, headline_known
 from apg_farm.results.report import find_sweep
 from apg_farm.results.sealing import verify_seal
 from apg_farm.results.stats import newcombe_unpaired, wilson
+from apg_farm.results.verdict import compare_verdict
 from apg_farm.store import Store
 
 #: Provenance fingerprints whose change between the two sides is worth a warning.
@@ -242,7 +243,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         before, after = _fingerprints(a, name), _fingerprints(b, name)
         if before and after and before != after:
             changes.append(f"{name}: {', '.join(before)} -> {', '.join(after)}")
-    return {
+    found = {
         "models": models,
         "cells": cells,
         "only_in_a": [f"{t} {m}" for (t, m) in cells_a if (t, m) not in cells_b],
@@ -268,3 +269,6 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             "b": {"rerun_share": (b.get("second_chance") or {}).get("rerun_share")},
         },
     }
+    # B − A per model, one line each: what a person reads first.
+    found["verdict"] = compare_verdict(found)
+    return found
