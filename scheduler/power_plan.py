@@ -169,7 +169,7 @@ class PowerPlan:
             "alpha": self.alpha,
             "alpha_per_pair": round(self.alpha_per_pair, 6),
             "adjustment": "bonferroni" if len(self.pairs) > 1 else "none",
-            "analysis": "paired difference a - b over (task, trial) cells, task-clustered CR2 "
+            "analysis": "paired difference a - b over (task, trial) cells, task-clustered CR3 "
             "standard error, two-sided t test on tasks - 1 df; power from the noncentral t",
             "tasks": self.tasks,
             "trials": self.trials,
@@ -221,7 +221,7 @@ class PowerPlan:
         """The plan as plain text, in the dry run's style."""
         lines = [
             f"power: to detect a difference of {self.detect:g} in pooled pass rate, paired over "
-            f"(task, trial) cells, task-clustered (CR2, t on {max(self.tasks - 1, 0)} df), "
+            f"(task, trial) cells, task-clustered (CR3, t on {max(self.tasks - 1, 0)} df), "
             f"two-sided alpha {self.alpha:g}, power {self.power:g}"
         ]
         note = self.note()

@@ -1,10 +1,12 @@
-"""Task-clustered intervals (apg_farm/results/clustered.py): the estimator against an independent
-matrix computation, the t quantile against printed tables, and a seeded coverage study."""
+"""Task-clustered intervals (apg_farm/results/clustered.py): the estimator (CR3) against the
+general matrix formula and the literal leave-one-task-out jackknife, its degrees of freedom against
+the N x N computation, the t quantile against printed tables, and seeded coverage studies."""
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import numpy as np
 import pytest
@@ -13,8 +15,10 @@ from apg_farm.results.clustered import (
     MIN_TASKS,
     Clustered,
     TooFewTasks,
+    bell_mccaffrey_df,
     clustered_difference,
     clustered_mean,
+    clustered_sums,
     t_quantile,
     two_sided_p,
 )
@@ -41,28 +45,50 @@ def test_the_clustered_p_value_at_the_tables_critical_value_is_five_percent(
     )
 
 
-def _cr2_by_matrices(groups: list[list[float]]) -> float:
-    """CR2 for the intercept-only model, computed the long way: (I - H_gg)^(-1/2) by eigen
-    decomposition, the sandwich by matrix products."""
-    y = np.concatenate([np.array(g, dtype=float) for g in groups])
-    x = np.ones((len(y), 1))
+def _adjustment(matrix: np.ndarray, kind: str) -> np.ndarray:
+    """A cluster's adjustment of its residuals: (I - H_gg)^-1 for CR3 (by inversion), or
+    (I - H_gg)^(-1/2) for CR2 (by eigen decomposition)."""
+    if kind == "CR3":
+        return np.linalg.inv(matrix)
+    values, vectors = np.linalg.eigh(matrix)
+    return vectors @ np.diag(1 / np.sqrt(values)) @ vectors.T
+
+
+def _cr_by_matrices(
+    x: np.ndarray, y: np.ndarray, cluster: np.ndarray, contrast: np.ndarray
+) -> float:
+    """CR3 of `contrast` in the OLS fit of y on x, the long way: the sandwich
+    (X'X)^-1 [sum_g X_g' A_g e_g e_g' A_g X_g] (X'X)^-1 by matrix products, A_g = (I - H_gg)^-1."""
     bread = np.linalg.inv(x.T @ x)
     residuals = y - x @ (bread @ x.T @ y)
-    meat = np.zeros((1, 1))
-    start = 0
-    for g in groups:
-        rows = slice(start, start + len(g))
-        start += len(g)
-        xg = x[rows]
-        h = xg @ bread @ xg.T
-        values, vectors = np.linalg.eigh(np.eye(len(g)) - h)
-        adjust = vectors @ np.diag(1 / np.sqrt(values)) @ vectors.T
-        u = xg.T @ adjust @ residuals[rows]
+    meat = np.zeros((x.shape[1], x.shape[1]))
+    for g in np.unique(cluster):
+        mask = cluster == g
+        xg = x[mask]
+        adjust = _adjustment(np.eye(int(mask.sum())) - xg @ bread @ xg.T, "CR3")
+        u = xg.T @ adjust @ residuals[mask]
         meat += np.outer(u, u)
-    return float(np.sqrt((bread @ meat @ bread)[0, 0]))
+    return float(np.sqrt(contrast @ bread @ meat @ bread @ contrast))
 
 
-def test_the_standard_error_is_cr2() -> None:
+def _jackknife(x: np.ndarray, y: np.ndarray, cluster: np.ndarray, contrast: np.ndarray) -> float:
+    """sqrt(sum_g (c'b_(g) - c'b)^2), b_(g) the OLS fit refitted without cluster g: the cluster
+    jackknife, which CR3 equals for OLS."""
+
+    def fit(rows: np.ndarray) -> float:
+        return float(contrast @ np.linalg.lstsq(x[rows], y[rows], rcond=None)[0])
+
+    full = fit(np.ones(len(y), dtype=bool))
+    return math.sqrt(sum((fit(cluster != g) - full) ** 2 for g in np.unique(cluster)))
+
+
+def _mean_design(groups: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    y = np.concatenate([np.array(g, dtype=float) for g in groups])
+    cluster = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    return np.ones((len(y), 1)), y, cluster
+
+
+def test_the_standard_error_is_cr3() -> None:
     rng = random.Random(7)
     for _ in range(20):
         groups = [
@@ -71,12 +97,26 @@ def test_the_standard_error_is_cr2() -> None:
         ]
         got = clustered_mean(groups)
         assert isinstance(got, Clustered)
-        assert got.se == pytest.approx(_cr2_by_matrices(groups), rel=1e-9)
-        x = np.ones((sum(map(len, groups)), 1))
-        cluster = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-        assert got.df == pytest.approx(_bm_df_by_matrices(x, cluster, np.array([1.0])), rel=1e-9)
+        x, y, cluster = _mean_design(groups)
+        one = np.array([1.0])
+        assert got.se == pytest.approx(_cr_by_matrices(x, y, cluster, one), rel=1e-9)
+        assert got.se == pytest.approx(_jackknife(x, y, cluster, one), rel=1e-9)
+        assert got.df == pytest.approx(_bm_df_by_matrices(x, cluster, one, "CR3"), rel=1e-9)
         assert got.n == sum(map(len, groups))
         assert got.low <= got.estimate <= got.high
+
+
+def test_bell_mccaffrey_df_of_cr2_weights_is_the_cr2_df() -> None:
+    """`bell_mccaffrey_df` takes any side weights: with CR2's (1 - n_g / N)^(-1/2) / N it gives
+    CR2's df by the N x N computation (what bench/clustered_coverage.py compares against)."""
+    rng = random.Random(8)
+    for _ in range(20):
+        sizes = [rng.randint(1, 12) for _ in range(rng.randint(MIN_TASKS, 15))]
+        n = sum(sizes)
+        weights = [[(1 / math.sqrt(1 - size / n) / n, size, n)] for size in sizes]
+        x, _, cluster = _mean_design([[0.0] * size for size in sizes])
+        oracle = _bm_df_by_matrices(x, cluster, np.array([1.0]), "CR2")
+        assert bell_mccaffrey_df(weights) == pytest.approx(oracle, rel=1e-9)
 
 
 def test_too_few_tasks_give_no_interval() -> None:
@@ -158,32 +198,13 @@ def test_paired_difference_coverage_when_the_effect_differs_by_task() -> None:
     assert naive / sweeps < 0.85, naive / sweeps
 
 
-def _cr2_difference_by_matrices(tasks: list[tuple[list[float], list[float]]]) -> float:
-    """CR2 of B's mean minus A's in y = a·[side A] + b·[side B], clustered by task, computed
-    the long way (the general formula with (I - H_gg)^(-1/2) by eigen decomposition)."""
-    rows = [(y, 0, g) for g, (a, _) in enumerate(tasks) for y in a]
-    rows += [(y, 1, g) for g, (_, b) in enumerate(tasks) for y in b]
-    y = np.array([r[0] for r in rows])
-    x = np.array([[1.0 - r[1], float(r[1])] for r in rows])
-    cluster = np.array([r[2] for r in rows])
-    bread = np.linalg.inv(x.T @ x)
-    residuals = y - x @ (bread @ x.T @ y)
-    meat = np.zeros((2, 2))
-    for g in range(len(tasks)):
-        mask = cluster == g
-        xg = x[mask]
-        values, vectors = np.linalg.eigh(np.eye(int(mask.sum())) - xg @ bread @ xg.T)
-        adjust = vectors @ np.diag(1 / np.sqrt(values)) @ vectors.T
-        u = xg.T @ adjust @ residuals[mask]
-        meat += np.outer(u, u)
-    contrast = np.array([-1.0, 1.0])
-    return float(np.sqrt(contrast @ bread @ meat @ bread @ contrast))
-
-
-def _bm_df_by_matrices(x: np.ndarray, cluster: np.ndarray, contrast: np.ndarray) -> float:
-    """Bell-McCaffrey degrees of freedom of CR2 for `contrast`, the general way (Pustejovsky and
-    Tipton 2018, working independence): v_g = A_g X_g (X'X)^-1 c on task g's rows, zero elsewhere,
-    w_g = (I - H) v_g, M = sum of w_g w_g', df = tr(M)^2 / tr(M^2), all N x N."""
+def _bm_df_by_matrices(
+    x: np.ndarray, cluster: np.ndarray, contrast: np.ndarray, kind: str
+) -> float:
+    """Bell-McCaffrey (Satterthwaite) degrees of freedom of CR3 or CR2 (`kind`) for `contrast`,
+    the general way (Pustejovsky and Tipton 2018, working independence): v_g = A_g X_g (X'X)^-1 c
+    on task g's rows, zero elsewhere, A_g the kind's adjustment, w_g = (I - H) v_g,
+    M = sum of w_g w_g', df = tr(M)^2 / tr(M^2), all N x N."""
     size = len(x)
     bread = np.linalg.inv(x.T @ x)
     hat = x @ bread @ x.T
@@ -191,8 +212,7 @@ def _bm_df_by_matrices(x: np.ndarray, cluster: np.ndarray, contrast: np.ndarray)
     for g in np.unique(cluster):
         mask = cluster == g
         xg = x[mask]
-        values, vectors = np.linalg.eigh(np.eye(int(mask.sum())) - xg @ bread @ xg.T)
-        adjust = vectors @ np.diag(1 / np.sqrt(values)) @ vectors.T
+        adjust = _adjustment(np.eye(int(mask.sum())) - xg @ bread @ xg.T, kind)
         v = np.zeros(size)
         v[mask] = adjust @ xg @ bread @ contrast
         w = (np.eye(size) - hat) @ v
@@ -202,16 +222,24 @@ def _bm_df_by_matrices(x: np.ndarray, cluster: np.ndarray, contrast: np.ndarray)
 
 def test_balanced_tasks_keep_g_minus_one_degrees_of_freedom() -> None:
     """Bell-McCaffrey gives G - 1 when every task has as many outcomes (and the old rule's
-    figure there), fewer when a few tasks hold most of them."""
+    figure there), fewer when a few tasks hold most of them. On balanced tasks CR3's variance is
+    the textbook s^2 / G of the task means times G / (G - 1)."""
     balanced = clustered_mean([[1.0, 0.0, 1.0, 0.0]] * 8)
     assert isinstance(balanced, Clustered) and balanced.df == pytest.approx(7)
+    groups = [[1.0] * k + [0.0] * (6 - k) for k in (0, 1, 3, 3, 5, 6, 2)]
+    got = clustered_mean(groups)
+    means = [sum(g) / 6 for g in groups]
+    textbook = statistics.variance(means) / len(groups)
+    assert isinstance(got, Clustered) and got.df == pytest.approx(len(groups) - 1)
+    assert got.se**2 == pytest.approx(textbook * len(groups) / (len(groups) - 1), rel=1e-12)
     lopsided = clustered_mean([[1.0, 0.0] * 9] * 2 + [[1.0, 0.0]] * 6)
     assert isinstance(lopsided, Clustered) and lopsided.df < 5
 
 
-def test_the_difference_of_two_samples_is_cr2_of_the_contrast() -> None:
-    """`clustered_difference` (two sweeps of the same tasks) equals CR2 of the regression with
-    one intercept per side, tasks as clusters, on 20 random unbalanced designs."""
+def test_the_difference_of_two_samples_is_cr3_of_the_contrast() -> None:
+    """`clustered_difference` (two sweeps of the same tasks) equals CR3 of the regression with
+    one intercept per side, tasks as clusters, and the leave-one-task-out jackknife of B's mean
+    minus A's, on 20 random unbalanced designs; its df the N x N Bell-McCaffrey computation."""
     rng = random.Random(5)
     for _ in range(20):
         tasks = [
@@ -226,13 +254,15 @@ def test_the_difference_of_two_samples_is_cr2_of_the_contrast() -> None:
         mean_a = sum(sum(a) for a, _ in tasks) / sum(len(a) for a, _ in tasks)
         mean_b = sum(sum(b) for _, b in tasks) / sum(len(b) for _, b in tasks)
         assert got.estimate == pytest.approx(mean_b - mean_a)
-        assert got.se == pytest.approx(_cr2_difference_by_matrices(tasks), rel=1e-9)
-        rows = [(0, g) for g, (a, _) in enumerate(tasks) for _ in a]
-        rows += [(1, g) for g, (_, b) in enumerate(tasks) for _ in b]
-        x = np.array([[1.0 - side, float(side)] for side, _ in rows])
-        cluster = np.array([g for _, g in rows])
-        oracle = _bm_df_by_matrices(x, cluster, np.array([-1.0, 1.0]))
-        assert got.df == pytest.approx(oracle, rel=1e-9)
+        rows = [(y, 0, g) for g, (a, _) in enumerate(tasks) for y in a]
+        rows += [(y, 1, g) for g, (_, b) in enumerate(tasks) for y in b]
+        y = np.array([r[0] for r in rows])
+        x = np.array([[1.0 - r[1], float(r[1])] for r in rows])
+        cluster = np.array([r[2] for r in rows])
+        contrast = np.array([-1.0, 1.0])
+        assert got.se == pytest.approx(_cr_by_matrices(x, y, cluster, contrast), rel=1e-9)
+        assert got.se == pytest.approx(_jackknife(x, y, cluster, contrast), rel=1e-9)
+        assert got.df == pytest.approx(_bm_df_by_matrices(x, cluster, contrast, "CR3"), rel=1e-9)
         assert got.df < len(tasks) - 1 + 1e-9
 
 
@@ -261,3 +291,55 @@ def test_the_difference_of_two_sweeps_covers_the_truth() -> None:
         assert isinstance(got, Clustered)
         covered += got.low <= -0.05 <= got.high
     assert covered / sweeps >= 0.93, covered / sweeps
+
+
+def _expit(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+#: #30 item 3: the 95 % interval must cover >= 94 % in seeded simulations of few, unbalanced,
+#: very different tasks. 20,000 sweeps give a Monte Carlo SD of 0.16 point at 94.5 %; the floor
+#: is 94 % less one such SD. On these very sweeps CR3 covers 94.3 / 95.2 % (8 tasks, pooled /
+#: paired) and 95.0 / 94.8 % (6 tasks); CR2 on its Bell-McCaffrey df, the estimator before,
+#: covered 92.9 / 93.7 % and 93.9 / 93.7 %: it fails three of the four (the pooled 6 tasks by
+#: chance passes the floor; its coverage over 200,000 sweeps is 93.6 %).
+COVERAGE_SWEEPS = 20_000
+COVERAGE_FLOOR = 0.94 - 0.0016
+
+
+@pytest.mark.parametrize("figure", ["pooled", "paired"])
+@pytest.mark.parametrize(
+    ("tasks", "fewest", "most"), [(8, 2, 18), (6, 10, 10)], ids=["8 tasks 2-18", "6 tasks 10"]
+)
+def test_coverage_with_few_very_different_tasks(
+    tasks: int, fewest: int, most: int, figure: str
+) -> None:
+    """Tasks drawn at random, logit of model a's rate ~ N(0.3, 2), model b's logit a's plus
+    N(-0.3, 0.7) (the gap varies by task), trials per task uniform in [fewest, most], a and b on a
+    cell sharing one uniform draw. Pooled: a's pass rate, truth the mean rate of a random task;
+    paired: the mean of a - b, truth E[p_a - p_b]; truths over 400,000 tasks
+    (bench/clustered_coverage.py prints every design of #30 with CR2 beside CR3)."""
+    truth_rng = np.random.default_rng(99)
+    logit = truth_rng.normal(0.3, 2.0, 400_000)
+    rate_a, rate_b = _expit(logit), _expit(logit + truth_rng.normal(-0.3, 0.7, 400_000))
+    truth = float(np.mean(rate_a if figure == "pooled" else rate_a - rate_b))
+
+    rng = np.random.default_rng(30)
+    shape = (COVERAGE_SWEEPS, tasks)
+    logit = rng.normal(0.3, 2.0, shape)
+    p_a, p_b = _expit(logit), _expit(logit + rng.normal(-0.3, 0.7, shape))
+    n = rng.integers(fewest, most + 1, shape)
+    u = rng.random((*shape, most))
+    ran = np.arange(most) < n[..., None]
+    a = ((u < p_a[..., None]) & ran).sum(axis=-1)
+    b = ((u < p_b[..., None]) & ran).sum(axis=-1)
+    totals = a if figure == "pooled" else a - b
+    bounds = (0.0, 1.0) if figure == "pooled" else (-1.0, 1.0)
+    covered = 0
+    for sums, counts in zip(totals.tolist(), n.tolist(), strict=True):
+        got = clustered_sums(list(zip(map(float, sums), counts, strict=True)), bounds=bounds)
+        assert isinstance(got, Clustered)
+        covered += got.low <= truth <= got.high
+    coverage = covered / COVERAGE_SWEEPS
+    print(f"\n{tasks} tasks, {fewest}-{most} trials, {figure}: coverage {coverage:.4f}")
+    assert coverage >= COVERAGE_FLOOR, coverage

@@ -34,9 +34,10 @@ def _cli(env: dict[str, str], *args: str) -> str:
 
 
 def _power_of(detect: float, tasks: int, trials: int, within: float, between: float) -> float:
-    """The clustered test's power by scipy's noncentral t: the oracle for the plan."""
+    """The clustered test's power by scipy's noncentral t: the oracle for the plan. The test is
+    the report's CR3 t test: on balanced tasks Student's critical value times sqrt(G / (G - 1))."""
     df = tasks - 1
-    critical = scipy_stats.t.ppf(0.975, df)
+    critical = scipy_stats.t.ppf(0.975, df) * math.sqrt(tasks / df)
     noncentrality = detect * math.sqrt(tasks / (between + within / trials))
     return float(
         scipy_stats.nct.sf(critical, df, noncentrality)
@@ -273,7 +274,7 @@ def test_without_history_the_plan_prints_its_assumptions(
     assert "rates: none in history: assumed 0.5 for every (task, model)" in out
     assert "correlation 0.00 assumed: 0 paired cells in the store, 20 needed" in out
     assert "task SD 0.100 assumed: history has rates for both models on 0" in out
-    assert "needed: 39 trials per (task, model) on 20 tasks" in out
+    assert "needed: 42 trials per (task, model) on 20 tasks" in out
     assert "cost and time unknown" in out
 
     # 5 points with 20 tasks whose difference spreads by 0.1: no number of trials does it.

@@ -26,7 +26,14 @@ from apg_farm.results.bed_baselines import (
     baseline_lines,
     refuse_across_baselines,
 )
-from apg_farm.results.clustered import MIN_TASKS, Clustered, clustered_sums, t_quantile
+from apg_farm.results.clustered import (
+    MIN_TASKS,
+    Clustered,
+    bell_mccaffrey_df,
+    clustered_difference,
+    clustered_sums,
+    t_quantile,
+)
 from apg_farm.results.comparison import Side, compare, load_side
 from apg_farm.results.cost_plot import CostPoint, cost_points, pareto_front, usd
 from apg_farm.results.csv_report import CSV_COLUMNS, report_csv
@@ -130,6 +137,7 @@ __all__ = [
     "analyse",
     "artifacts",
     "baseline_lines",
+    "bell_mccaffrey_df",
     "between_task_variance",
     "build_baseline",
     "cell_variance",
@@ -137,6 +145,7 @@ __all__ = [
     "check_regression",
     "check_state",
     "clip",
+    "clustered_difference",
     "clustered_sums",
     "compare",
     "cost_findings",

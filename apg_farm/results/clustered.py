@@ -1,23 +1,39 @@
-"""Task-clustered inference for figures pooled over tasks (#21, part 1).
+"""Task-clustered inference for figures pooled over tasks (#21, part 1; #30, item 3).
 
 Attempts of one task share a prompt and a site: they are correlated, and a pooled rate's binomial
 interval, which takes every attempt as independent, is too narrow when tasks differ in difficulty
 (Miller, "Adding Error Bars to Evals", 2024). Tasks are the clusters here.
 
 The estimate is the pooled mean over every outcome (a pass rate of 0/1 outcomes, or the mean of a
-paired difference a - b in {-1, 0, 1} over cells both models ran). Its variance is the
-cluster-robust CR2 estimator (Bell and McCaffrey, 2002), which corrects the plain sandwich's
-downward bias with few clusters; for a mean it reduces to
+paired difference a - b in {-1, 0, 1} over cells both models ran). Its variance is CR3, the
+cluster jackknife: "CR3" of Pustejovsky and Tipton's clubSandwich (2018), the jackknife Bell and
+McCaffrey (2002) set beside their CR2, and what MacKinnon, Nielsen and Webb ("Cluster-robust
+inference: a guide to empirical practice", J. Econometrics 2023) find more reliable than the
+other sandwiches with few or unequal clusters. Each task's residuals are scaled by (I - H_gg)^-1,
+so for a mean
 
-    V = sum_g S_g^2 / (1 - n_g / N) / N^2,
+    V = sum_g S_g^2 / (1 - n_g / N)^2 / N^2 = sum_g (m_(g) - m)^2,
 
-S_g the sum of task g's residuals, n_g its outcomes, N all of them. The interval uses a t quantile
-on the Bell-McCaffrey degrees of freedom (Bell and McCaffrey 2002; Pustejovsky and Tipton 2018,
-"BM" in clubSandwich): the Satterthwaite df of V under working independence, tr(M)^2 / tr(M^2),
-M the matrix of the quadratic form V = e' M e. Balanced tasks give G - 1 (G tasks); unbalanced
-ones or a few large tasks give fewer, where G - 1 made the interval too narrow (coverage 92.5 %
-at 8 tasks of 2-18 trials, issue #30). Under MIN_TASKS tasks no interval is given: a variance
-estimated from so few clusters means little.
+S_g the sum of task g's residuals, n_g its outcomes, N all of them, m_(g) the pooled mean without
+task g: the spread of the leave-one-task-out estimates around the estimate (clubSandwich's form;
+MacKinnon, Nielsen and Webb's CV3 carries a further (G - 1) / G, which makes it CR2 itself on
+balanced tasks and here gave back most of the gain). The interval uses a t quantile on the
+Satterthwaite (Bell-McCaffrey) degrees of freedom of that quadratic form under working
+independence, as clubSandwich's Satterthwaite test computes for any CR type: tr(M)^2 / tr(M^2),
+M the matrix of V = e' M e. Balanced tasks give G - 1 (G tasks); unbalanced ones or a few large
+tasks give fewer.
+
+Why CR3 and not CR2 (the farm's estimator before, (I - H_gg)^-1/2, on the same df): with 6-8
+tasks whose rates differ widely (logit SD 1.5-2), seeded simulations of tasks drawn at random
+(bench/clustered_coverage.py, docs/analysis.md) covered a pooled rate 92.5-93.4 % with CR2 and
+94.2-95.1 % with CR3, a paired difference 93.6-93.8 % and 94.8-95.3 %; the difference of two
+sweeps 95.2-96.1 % and 96.8-97.0 %. On balanced tasks CR3's variance is CR2's times G / (G - 1),
+so with many tasks the two meet (20 tasks: the interval 2.6 % wider, coverage 95-96 %). An
+interval on the logit scale overshot (96-97 %) and does not carry over to a difference. At 5
+tasks of very different difficulty (logit SD 2.5) even CR3 falls short (pooled 93.7 %, paired
+92.2 %: in 6 % of such sweeps the two models never differ on a cell and the interval is a point).
+Under MIN_TASKS tasks no interval is given: a variance estimated from so few clusters means
+little.
 """
 
 from __future__ import annotations
@@ -41,7 +57,8 @@ class Clustered:
     high: float
     tasks: int
     n: int
-    #: Bell-McCaffrey degrees of freedom (G - 1 when tasks are balanced).
+    #: Satterthwaite (Bell-McCaffrey) degrees of freedom of the CR3 variance (G - 1 when tasks
+    #: are balanced).
     df: float
 
 
@@ -62,8 +79,9 @@ class TooFewTasks:
 def clustered_mean(
     groups: Sequence[Sequence[float]], *, level: float = 0.95, bounds: tuple[float, float] = (0, 1)
 ) -> Clustered | TooFewTasks:
-    """The pooled mean of every outcome in `groups` (one sequence per task), with its CR2
-    standard error and a t interval on G - 1 degrees of freedom, clipped to `bounds`."""
+    """The pooled mean of every outcome in `groups` (one sequence per task), with its CR3
+    standard error and a t interval on its Bell-McCaffrey degrees of freedom, clipped to
+    `bounds`."""
     return clustered_sums([(sum(g), len(g)) for g in groups], level=level, bounds=bounds)
 
 
@@ -73,16 +91,17 @@ def clustered_sums(
     level: float = 0.95,
     bounds: tuple[float, float] = (0, 1),
 ) -> Clustered | TooFewTasks:
-    """`clustered_mean` from each task's (sum of outcomes, count): all CR2 needs of a mean, so
+    """`clustered_mean` from each task's (sum of outcomes, count): all CR3 needs of a mean, so
     a report computes it from the database's counts without reading attempts one by one."""
     present = [(float(total), int(count)) for total, count in groups if count > 0]
     n = sum(count for _, count in present)
     if len(present) < MIN_TASKS:
         return TooFewTasks(len(present), n)
     mean = sum(total for total, _ in present) / n
-    # A task holding every outcome has leverage 1: CR2 is undefined, but then G = 1 < MIN_TASKS.
-    scores = [(total - mean * count) / math.sqrt(1 - count / n) / n for total, count in present]
-    weights = [[(1 / math.sqrt(1 - count / n) / n, count, n)] for _, count in present]
+    # A task holding every outcome has leverage 1: CR3 is undefined, but then G = 1 < MIN_TASKS.
+    # Task g's score is m - m_(g), its leave-one-task-out change: S_g / (1 - n_g / N) / N.
+    scores = [(total - mean * count) / (1 - count / n) / n for total, count in present]
+    weights = [[(1 / (1 - count / n) / n, count, n)] for _, count in present]
     return _interval(mean, scores, n, level, bounds, bell_mccaffrey_df(weights))
 
 
@@ -96,10 +115,10 @@ def clustered_difference(
 
     It is the contrast of a regression with one intercept per side, clustered by task: a task's
     difficulty is shared by both sides and cancels, its sampling noise on each side does not.
-    CR2 for that model scales each side's task score by (1 - n_gs / N_s)^(-1/2), as for a mean
-    (the side's hat matrix block is J / N_s), so the task's score is
+    CR3 for that model scales each side's task score by (1 - n_gs / N_s)^-1, as for a mean (the
+    side's hat matrix block is J / N_s), so the task's score is
 
-        u_g = S_gB / sqrt(1 - n_gB / N_B) / N_B - S_gA / sqrt(1 - n_gA / N_A) / N_A,
+        u_g = S_gB / (1 - n_gB / N_B) / N_B - S_gA / (1 - n_gA / N_A) / N_A,
 
     S_gs the sum of task g's residuals on side s, and V = sum_g u_g^2."""
     present = [(float(sa), int(na), float(sb), int(nb)) for sa, na, sb, nb in tasks if na and nb]
@@ -110,15 +129,11 @@ def clustered_difference(
     mean_a = sum(row[0] for row in present) / n_a
     mean_b = sum(row[2] for row in present) / n_b
     scores = [
-        (sb - mean_b * nb) / math.sqrt(1 - nb / n_b) / n_b
-        - (sa - mean_a * na) / math.sqrt(1 - na / n_a) / n_a
+        (sb - mean_b * nb) / (1 - nb / n_b) / n_b - (sa - mean_a * na) / (1 - na / n_a) / n_a
         for sa, na, sb, nb in present
     ]
     weights = [
-        [
-            (-1 / math.sqrt(1 - na / n_a) / n_a, na, n_a),
-            (1 / math.sqrt(1 - nb / n_b) / n_b, nb, n_b),
-        ]
+        [(-1 / (1 - na / n_a) / n_a, na, n_a), (1 / (1 - nb / n_b) / n_b, nb, n_b)]
         for _, na, _, nb in present
     ]
     df = bell_mccaffrey_df(weights)
@@ -127,9 +142,13 @@ def clustered_difference(
 
 def bell_mccaffrey_df(tasks: Sequence[Sequence[tuple[float, int, int]]]) -> float:
     """tr(M)^2 / tr(M^2) for a contrast of side means (one intercept per side), tasks as
-    clusters: per task and side (alpha, n_gs, N_s), alpha the side's CR2 weight of the task's
-    outcomes in the estimate. For such a design the task's vector w_g = (I - H) A_g X_g (X'X)^-1 c
-    has w_g' w_h = sum over sides of (delta_gh alpha_gs^2 n_gs - alpha_gs alpha_hs n_gs n_hs / N_s),
+    clusters: per task and side (alpha, n_gs, N_s), alpha the weight of the task's outcomes in
+    its score (CR3: 1 / (1 - n_gs / N_s) / N_s, signed as the side in the contrast; CR2: the
+    square root of 1 - n_gs / N_s in its place). For such a design the task's vector
+    w_g = (I - H) A_g X_g (X'X)^-1 c has
+
+        w_g' w_h = sum over sides of (delta_gh alpha_gs^2 n_gs - alpha_gs alpha_hs n_gs n_hs / N_s),
+
     so M's traces need G x G numbers, never the N x N matrices (tests/test_clustered.py checks
     it against them)."""
     count = len(tasks)
@@ -155,7 +174,7 @@ def _interval(
     bounds: tuple[float, float],
     df: float,
 ) -> Clustered:
-    """The t interval on `df` around `estimate`, from each task's CR2 score."""
+    """The t interval on `df` around `estimate`, from each task's CR3 score."""
     se = math.sqrt(sum(score * score for score in scores))
     half = t_quantile(1 - (1 - level) / 2, df) * se
     low, high = bounds
@@ -200,23 +219,41 @@ def as_dict(result: Clustered | TooFewTasks) -> dict[str, Any]:
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t with `df` degrees of freedom (bisection on the CDF)."""
+    """The p-quantile of Student's t with `df` degrees of freedom: Newton's method on the CDF,
+    kept inside a bracket that bisection shrinks whenever a Newton step would leave it."""
     if not 0 < p < 1 or df <= 0:
         raise ValueError(f"t quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
     if p < 0.5:
         return -t_quantile(1 - p, df)
+    if p == 0.5:
+        return 0.0
     low, high = 0.0, 1.0
     while t_cdf(high, df) < p:
-        high *= 2
+        low, high = high, high * 2
+    x = (low + high) / 2
     for _ in range(200):
-        middle = (low + high) / 2
-        if t_cdf(middle, df) < p:
-            low = middle
+        error = t_cdf(x, df) - p
+        if error == 0:
+            return x
+        if error < 0:
+            low = x
         else:
-            high = middle
-        if high - low < 1e-12:
-            break
-    return (low + high) / 2
+            high = x
+        step = x - error / _t_pdf(x, df)
+        following = step if low < step < high else (low + high) / 2
+        if abs(following - x) < 1e-13 * max(1.0, x) or high - low < 1e-12:
+            return following
+        x = following
+    return x
+
+
+def _t_pdf(x: float, df: float) -> float:
+    return math.exp(
+        math.lgamma((df + 1) / 2)
+        - math.lgamma(df / 2)
+        - 0.5 * math.log(df * math.pi)
+        - (df + 1) / 2 * math.log1p(x * x / df)
+    )
 
 
 def t_cdf(x: float, df: float) -> float:

@@ -14,7 +14,7 @@ with Holm's step-down (Holm 1979) within; one Holm over both let 40 cells dilute
 depend on each other (a model's test and its cells' share the data).
 
 The tests:
-- a model over 5 tasks or more: the task-clustered difference (clustered.py, CR2), one-sided t;
+- a model over 5 tasks or more: the task-clustered difference (clustered.py, CR3), one-sided t;
 - a model over fewer tasks: Fisher's exact test of its pooled counts, which takes the attempts as
   independent (the finding says so: few tasks say little of the noise tasks make);
 - a cell: Fisher's exact test of its counts, one-sided (conditional on the total passed; exact

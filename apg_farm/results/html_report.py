@@ -545,7 +545,7 @@ its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairw
 {_table("cells-table", ["task", "model", "n", "pass rate", "95% CI", *_BESIDE_HEADERS, f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], cell_rows, left=2, caption=f"{HEADLINE_NOTE} pass@{k}: chance that at least one of {k} trials passes; pass^{k}: chance that all {k} pass (unbiased estimators over the trials; — when fewer than {k} were counted).")}
 
 <h2>Per model</h2>
-{_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)", *_BESIDE_HEADERS, f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"{HEADLINE_NOTE} Pooled over tasks; pass@{k} and pass^{k} are means over tasks. The naive interval (Wilson) takes every attempt as independent; the task-clustered one (CR2, tasks as clusters, t on Bell–McCaffrey df) allows for tasks that differ in difficulty, and is given from {MIN_TASKS} tasks on: read it.")}
+{_table("models-table", ["model", "tasks", "n", "pass rate", "95% CI (naive)", "95% CI (task-clustered)", *_BESIDE_HEADERS, f"pass@{k}", f"pass^{k}", *_COUNT_HEADERS], model_rows, caption=f"{HEADLINE_NOTE} Pooled over tasks; pass@{k} and pass^{k} are means over tasks. The naive interval (Wilson) takes every attempt as independent; the task-clustered one (CR3, tasks as clusters, t on Bell–McCaffrey df) allows for tasks that differ in difficulty, and is given from {MIN_TASKS} tasks on: read it.")}
 {estimand}
 
 <h2>Second-chance bias</h2>

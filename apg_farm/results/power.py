@@ -1,10 +1,11 @@
 """How many trials a paired, task-clustered comparison of two models needs (#21, part 2).
 
 The analysis planned for is the farm's: the pooled paired difference d = a - b in {-1, 0, 1} over
-the (task, trial) cells both models ran, with its CR2 standard error, tasks as clusters, and a
-t quantile on G - 1 degrees of freedom (`clustered.py`). With every task run T times the CR2
-variance of that mean is exactly s_m^2 / G, s_m^2 the sample variance of the G task means of d:
-the clustered test is the one-sample t test on the task means. A task mean is
+the (task, trial) cells both models ran, with its CR3 standard error, tasks as clusters, and a
+t quantile on G - 1 degrees of freedom (`clustered.py`). With every task run T times the CR3
+variance of that mean is exactly s_m^2 / (G - 1), s_m^2 the sample variance of the G task means
+of d: the clustered test is the one-sample t test on the task means, its critical value times
+sqrt(G / (G - 1)). A task mean is
 
     m_g = delta_g + (mean of T cells' noise),   Var(m_g) = tau^2 + v / T,
 
@@ -50,7 +51,11 @@ def paired_power(
     detect: float, *, tasks: int, trials: float, within: float, between: float, alpha: float
 ) -> float:
     """Power of the two-sided clustered paired test at `alpha` to detect a pooled difference
-    `detect`, with `tasks` tasks of `trials` trials each (math.inf: the floor of tau^2 alone)."""
+    `detect`, with `tasks` tasks of `trials` trials each (math.inf: the floor of tau^2 alone).
+
+    The test is the one the report makes (clustered.py): on balanced tasks its CR3 variance is
+    the usual s^2 / G times G / (G - 1), so it rejects when |t| exceeds sqrt(G / (G - 1)) times
+    Student's quantile on G - 1 degrees of freedom."""
     if tasks < 2:
         return 0.0
     variance = between + (0.0 if math.isinf(trials) else within / trials)
@@ -58,7 +63,8 @@ def paired_power(
         return 1.0
     noncentrality = detect * math.sqrt(tasks / variance)
     df = tasks - 1
-    return _noncentral_t_two_sided(noncentrality, df, t_quantile(1 - alpha / 2, df))
+    critical = t_quantile(1 - alpha / 2, df) * math.sqrt(tasks / df)
+    return _noncentral_t_two_sided(noncentrality, df, critical)
 
 
 def trials_needed(
