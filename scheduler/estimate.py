@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from apg_farm.results import group_quantiles, refuse_if_sealed
 from apg_farm.scheduler.submission import check_resubmit
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, Bed, BedState, Execution, Store, Sweep
+from apg_farm.store import Attempt, Execution, Store, Sweep, pool_capacity
 
 #: Finished executions read per (task, model): the most recent ones.
 RECENT = 200
@@ -112,6 +112,8 @@ class SweepEstimate:
     #: The spec's budget_usd; whether it caps a model's concurrency (max_concurrent).
     budget_usd: float | None = None
     capped: bool = False
+    #: "running on 1 of 4 beds of pool p: 3 quarantined", None when every bed is in.
+    capacity_warning: str | None = None
 
     @property
     def attempts(self) -> int:
@@ -169,6 +171,7 @@ class SweepEstimate:
             "new_sweep": self.new_sweep,
             "pool": self.pool,
             "active_beds": self.active_beds,
+            "capacity_warning": self.capacity_warning,
             "attempts": self.attempts,
             "existing_attempts": self.existing,
             "budget_usd": self.budget_usd,
@@ -218,6 +221,8 @@ class SweepEstimate:
             ]
             lines.append("  ".join(cells).rstrip())
         lines += self._totals()
+        if self.capacity_warning:
+            lines.append(f"capacity: {self.capacity_warning}")
         return "\n".join(lines)
 
     def _headline(self) -> str:
@@ -304,14 +309,7 @@ def estimate_sweep(store: Store, spec: SweepSpec, *, recent: int = RECENT) -> Sw
         if sweep is not None and any(adds.values()):
             refuse_if_sealed(sweep)
         history = _history(session, spec, recent, sqlite=store.is_sqlite)
-        active = int(
-            session.scalar(
-                select(func.count())
-                .select_from(Bed)
-                .where(Bed.pool == spec.pool, Bed.state == BedState.ACTIVE)
-            )
-            or 0
-        )
+        capacity = pool_capacity(session, spec.pool)
     pairs = []
     for (task, model), attempts in adds.items():
         executions, cost, seconds = history.get(f"{task}{_SEP}{model}", (0, None, None))
@@ -319,7 +317,8 @@ def estimate_sweep(store: Store, spec: SweepSpec, *, recent: int = RECENT) -> Sw
     return SweepEstimate(
         name=spec.name,
         pool=spec.pool,
-        active_beds=active,
+        active_beds=capacity.active,
+        capacity_warning=capacity.warning(),
         new_sweep=sweep is None,
         existing=sum(have.values()),
         pairs=tuple(pairs),

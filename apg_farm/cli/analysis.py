@@ -116,7 +116,7 @@ def models_table(report: dict[str, Any]) -> Table:
     table.caption = (
         "pass rate: the headline (an attempt re-run after its agent started for a reason the "
         "agent could have written counts as not passed); naive: Wilson, every attempt "
-        "independent; task-clustered: CR2 with tasks as clusters, t on Bell-McCaffrey df "
+        "independent; task-clustered: CR3 with tasks as clusters, t on Bell-McCaffrey df "
         "(docs/analysis.md). Read the clustered one. with re-runs: over final outcomes, re-runs "
         "counted as second chances; lower bound: every re-run counted as a failure."
     )

@@ -9,6 +9,8 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
+
 from apg_farm.cli.common import err
 from apg_farm.cli.progress import done_count
 
@@ -142,6 +144,18 @@ def _held_line(held: Held) -> str:
     )
 
 
+def warn_capacity(store: Store, sweep_id: int, *, unless: str | None = None) -> str | None:
+    """Say when some of the sweep's pool's beds are out ("running on 1 of 4 beds ..."), unless
+    that is what was said already (`unless`); the warning, or None."""
+    from apg_farm.store import Sweep, pool_capacity
+
+    with store.read() as session:
+        warning = pool_capacity(session, session.get_one(Sweep, sweep_id).pool).warning()
+    if warning and warning != unless:
+        err.print(f"[yellow]capacity:[/] {escape(warning)}", soft_wrap=True)
+    return warning
+
+
 def execute_sweep(store: Store, sweep_id: int) -> bool:
     """Run every remaining attempt on the pool's beds; False when some could not be run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -178,14 +192,17 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
             err.print("[red]no active bed in this sweep's pool[/]: add one with `apg-farm bed add`")
             return False
         _say_held(store, sweep_id)
+        before = warn_capacity(store, sweep_id)
         try:
             result = executor.run()
         except KeyboardInterrupt:
             executor.stop()
             raise
         progress.update(bar, completed=done_count(store, sweep_id)[0])
+    # Beds the run took out: "running on 1 of 4 beds ... 3 quarantined" (demo --faults).
+    warn_capacity(store, sweep_id, unless=before)
     for problem in result.errors:
-        err.print(f"[red]error:[/] {problem}")
+        err.print(f"[red]error:[/] {escape(problem)}")
     if result.paused:
         err.print(
             f"[yellow]paused: {'; '.join(result.paused)}[/]: {result.stranded} attempts wait. "

@@ -31,6 +31,7 @@ from apg_farm.store import (
     Execution,
     Store,
     Sweep,
+    capacity_of,
     pace_status,
 )
 from apg_farm.store import utcnow as _utcnow
@@ -161,6 +162,8 @@ def watch_snapshot(store: Store, sweep_id: int, *, now: datetime | None = None) 
         "models": models,
         "running": running_rows,
         "active_beds": active,
+        # "running on 1 of 4 beds of pool p: 3 quarantined", None when every bed is in.
+        "capacity": capacity_of(sweep.pool, [state for _, state, _ in beds]).warning(),
         "quarantined": [
             {"bed": name, "reason": reason}
             for name, state, reason in sorted(beds)
@@ -237,7 +240,8 @@ def render_watch(snap: dict[str, Any]) -> RenderableType:
             f"[yellow]{row['invalid']}[/]" if row["invalid"] else "0",
             f"[yellow]{row['error']}[/]" if row["error"] else "0",
         )
-    parts: list[RenderableType] = [header, *_pace_lines(snap.get("pace")), progress]
+    capacity = [Text(printable(snap["capacity"]), style="yellow")] if snap.get("capacity") else []
+    parts: list[RenderableType] = [header, *capacity, *_pace_lines(snap.get("pace")), progress]
     beds = Table(title="running attempts per bed", title_justify="left")
     for name in ("bed", "task", "model", "trial", "try", "phase", "in phase", "elapsed"):
         beds.add_column(name, no_wrap=True)

@@ -25,6 +25,8 @@ from apg_farm.store.canaries import (
     effective_config,
     summary_of,
 )
+from apg_farm.store.capacity import Capacity, pool_capacity
+from apg_farm.store.capacity import from_states as capacity_of
 from apg_farm.store.claim_gates import (
     paused_for_claims,
     release_model,
@@ -186,6 +188,7 @@ __all__ = [
     "BedState",
     "Budget",
     "CanaryConfig",
+    "Capacity",
     "Claim",
     "ClaimGate",
     "DatasetPin",
@@ -229,6 +232,7 @@ __all__ = [
     "canary_tasks",
     "cancel_attempt",
     "cancel_sweep",
+    "capacity_of",
     "check_canary_config",
     "claim",
     "claim_next",
@@ -264,6 +268,7 @@ __all__ = [
     "paused_for_claims",
     "paused_models",
     "place_queued",
+    "pool_capacity",
     "provider_of",
     "quarantine_bed",
     "queue_head",

@@ -315,6 +315,9 @@
       }
       var pace = snap.pace || { paused: [], paused_models: [], max_concurrent: {} };
       var paused = [];
+      if (snap.capacity) {
+        paused.push({ text: "capacity: " + snap.capacity, className: "warn capacity" });
+      }
       pace.paused.forEach(function (reason) {
         paused.push({ text: "paused: " + reason + "; raise it with `apg-farm budget set`", className: "bad" });
       });
