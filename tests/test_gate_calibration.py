@@ -86,3 +86,20 @@ def test_a_task_going_from_always_to_never_is_caught_among_many() -> None:
             w.update(passed=0, failed=10, headline_passed=0)
     verdict = check_regression(side(cells), side(worse), CheckPolicy())
     assert [f for f in verdict.failures if f.startswith("t7 m3:")], verdict.failures
+
+
+def test_the_models_share_their_error_by_holm() -> None:
+    """Five models each one-sided p 0.015: alone each is a drop (0.015 <= MODEL_ALPHA 0.02); in
+    a family of five Holm makes each 0.075, and none is counted."""
+    from apg_farm.results.clustered import t_quantile
+    from apg_farm.results.gate_family import MODEL_ALPHA, gate_family
+
+    estimate = t_quantile(0.015, 1000)  # se 1: lower_p = 0.015
+    row = {"clustered": {"estimate": estimate, "se": 1.0, "df": 1000.0}}
+    alone = gate_family({"models": [{"model": "m0", **row}], "cells": []})
+    assert alone.adjusted[("model", "m0")] == pytest.approx(0.015, rel=1e-6)
+    assert MODEL_ALPHA >= 0.015 and alone.rejects(("model", "m0"))
+    five = gate_family({"models": [{"model": f"m{i}", **row} for i in range(5)], "cells": []})
+    for i in range(5):
+        assert five.adjusted[("model", f"m{i}")] == pytest.approx(0.075, rel=1e-6)
+        assert not five.rejects(("model", f"m{i}"))
