@@ -23,6 +23,7 @@ from apg_farm.cli.common import (
     out,
     pick_format,
     print_json,
+    print_table,
     print_verdict,
     report_table,
 )
@@ -187,18 +188,18 @@ def report_command(
     elif fmt == "html":
         _emit(render_html(report), output)
     else:
-        out.print(report_table(report))
-        out.print(models_table(report))
+        print_table(report_table(report))
+        print_table(models_table(report))
         out.print(escape(report["estimand"]), soft_wrap=True)
         if report.get("few_tasks"):
             out.print(f"[yellow]few tasks:[/] {escape(report['few_tasks'])}", soft_wrap=True)
         if any(row.get("cost_usd") is not None for row in report["models"]):
-            out.print(cost_table(report))
-        out.print(second_chance_table(report))
+            print_table(cost_table(report))
+        print_table(second_chance_table(report))
         for line in exclusion_lines(report):
             out.print(f"[yellow]exclusion bound:[/] {escape(line)}", soft_wrap=True)
         if report["comparisons"]:
-            out.print(comparisons_table(report))
+            print_table(comparisons_table(report))
         for line in exclusion_warnings(report["comparisons"]):
             err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
         for line in stop_lines(report):
@@ -514,7 +515,7 @@ def compare_cmd(
             raise typer.Exit(1)
         return
     for table in compare_table(result, side_a, side_b):
-        out.print(table)
+        print_table(table)
     outcomes = result["outcomes"]
     for side, label in (("a", side_a.label), ("b", side_b.label)):
         counts = ", ".join(f"{k} {v}" for k, v in outcomes[side].items()) or "none"
@@ -548,7 +549,7 @@ def compare_cmd(
         err.print(f"[yellow]across bed baselines:[/] {escape(line)}", soft_wrap=True)
     for problem in (*side_a.problems, *side_b.problems):
         err.print(f"[red]evidence does not verify:[/] {escape(problem)}", soft_wrap=True)
-    out.print(compare_second_chance_table(result))
+    print_table(compare_second_chance_table(result))
     for side, label in (("a", side_a.label), ("b", side_b.label)):
         for line in stop_lines({"stop": result["stop"][side]}):
             out.print(escape(f"{side.upper()} ({label}) {line.strip()}"), soft_wrap=True)
@@ -641,7 +642,7 @@ def baseline_list(
             f"[{'green' if loaded.verifies else 'red' if loaded.problems else 'yellow'}]"
             f"{escape(loaded.evidence())}[/]",
         )
-    out.print(table)
+    print_table(table)
 
 
 def _baseline_row(path: Path) -> dict[str, Any]:
@@ -761,7 +762,7 @@ def check_cmd(
     else:
         out.print(escape(f"baseline:  {base.label}\ncandidate: {cand.label}"))
         for table in compare_table(verdict.comparison, base, cand)[:1]:
-            out.print(table)
+            print_table(table)
         for warning in verdict.warnings:
             out.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
         for line in crossing:

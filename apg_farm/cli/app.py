@@ -32,6 +32,7 @@ from apg_farm.cli.common import (
     open_store,
     out,
     print_json,
+    print_table,
     print_verdict,
     report_table,
 )
@@ -724,7 +725,7 @@ def _run_to_the_end(
             }
         )
     else:
-        out.print(report_table(report))
+        print_table(report_table(report))
         # Never wrapped: it is copied and pasted.
         out.print(f"the whole report: apg-farm report {sweep.name}", soft_wrap=True, markup=False)
         print_verdict(report["verdict"])

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from apg_farm.cli.common import err, out
+from apg_farm.cli.common import err, print_table
 from apg_farm.cli.demo import enrol_in_place, simulated_bed
 from apg_farm.cli.games import GAMES, games_table, play_game
 from apg_farm.cli.proc_peek import run_in_farm_process, what_the_agent_found
@@ -439,13 +439,13 @@ def play_catalogue(store: Store, *, keys: tuple[str, ...] | None = None) -> bool
         recorded.append(run_attack(store, root, attack))
         err.print(f"  {attack.key}: {recorded[-1].outcome}")
     if recorded:
-        out.print(attacks_table(recorded))
+        print_table(attacks_table(recorded))
     played = []
     for game in games:
         played.append(play_game(store, root, game))
         err.print(f"  game {game.key}: headline {played[-1].gamer.headline:.2f}")
     if played:
-        out.print(games_table(played))
+        print_table(games_table(played))
     wrong = [r.attack.key for r in recorded if not r.as_catalogued]
     wrong += [p.game.key for p in played if not p.as_catalogued]
     if wrong:

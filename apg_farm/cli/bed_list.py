@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from apg_farm.cli import canary, distributed
-from apg_farm.cli.common import err, open_store, out, print_json
+from apg_farm.cli.common import err, open_store, print_json, print_table
 from apg_farm.errors import BadInput
 from apg_farm.printable import printable
 
@@ -225,7 +225,7 @@ def bed_list(
         table.caption = "\n".join(
             f"{shown(h)}: {len(group)} ({_counts(group)})" for h, group in by_host.items()
         )
-    out.print(table)
+    print_table(table)
     if hidden:
         err.print(f"{hidden} removed bed{'s' if hidden != 1 else ''} not shown (--all shows them)")
     if workers is not None:

@@ -9,7 +9,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from apg_farm.cli.common import json_option, machine_output, open_store, out, print_json
+from apg_farm.cli.common import (
+    json_option,
+    machine_output,
+    open_store,
+    out,
+    print_json,
+    print_table,
+)
 from apg_farm.errors import BadInput
 
 budget_app = typer.Typer(
@@ -113,7 +120,7 @@ def _show(*, store_status: dict[str, object], as_json: bool) -> None:
         table.add_row(
             scope, f"${row['spent_usd']:,.2f}", "none" if limit is None else f"${limit:,.2f}"
         )
-    out.print(table)
+    print_table(table)
     if store_status["paused"]:
         out.print(f"[bold yellow]paused:[/] {escape(str(store_status['paused']))}")
 

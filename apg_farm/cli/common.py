@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from apg_farm.errors import BadInput
 
@@ -16,9 +18,49 @@ if TYPE_CHECKING:
     from apg_farm.store import Store
 
 
-# Piped output (CI logs, `| less`) would otherwise be squeezed to 80 columns.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
+def _width(stream: TextIO) -> int | None:
+    """The width to print at: COLUMNS when set, the terminal's, or 140 when piped (CI logs,
+    `| less`), which would otherwise be squeezed to 80 columns."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if stream.isatty() else 140
+
+
+out = Console(highlight=False, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    """A table as wide as it needs, or, on a terminal narrower than that, stacked: one block a
+    row, its cells as "column value" pairs packed into lines that fit, a pair never split. Rich
+    would cut cells to "…" ("64%–9…"), and a number cut is a wrong number: here every figure is
+    printed whole."""
+    console = console or out
+    # Measured as if the terminal had no edge (Rich clamps a measure to the console's width).
+    natural = console.measure(table, options=console.options.update_width(10**6)).maximum
+    if natural <= console.width:
+        console.print(table)
+        return
+    if table.title:
+        console.print(table.title, style="bold", soft_wrap=True)
+    headers = [Text.from_markup(str(column.header)).plain for column in table.columns]
+    cells = [list(column.cells) for column in table.columns]
+    for index in range(table.row_count):
+        pairs = []
+        for header, column in zip(headers, cells, strict=True):
+            value = column[index] if index < len(column) else ""
+            plain = value.plain if isinstance(value, Text) else Text.from_markup(str(value)).plain
+            pairs.append(f"{header} {plain}")
+        line = ""
+        for pair in pairs:
+            if line and len(line) + 3 + len(pair) > console.width:
+                console.print(line, markup=False, soft_wrap=True)
+                line = "  "
+            line = f"{line} · {pair}" if line.strip() else f"{line}{pair}"
+        console.print(line, markup=False, soft_wrap=True)
+    if table.caption:
+        console.print(table.caption, style="dim")
 
 
 def open_store(*, create: bool = False) -> Store:
@@ -118,8 +160,12 @@ def machine_output() -> None:
 
 
 def human_output() -> None:
-    """Back to stdout (each command starts here; an in-process caller may run several)."""
+    """Back to stdout (each command starts here; an in-process caller may run several), at the
+    width COLUMNS now asks for."""
     out._file = None  # rich's own default: sys.stdout, looked up at each write
+    for console, stream in ((out, sys.stdout), (err, sys.stderr)):
+        width = _width(stream)
+        console._width = width  # None: Rich asks the terminal again
 
 
 def pick_format(fmt: str, as_json: bool, formats: tuple[str, ...]) -> str:

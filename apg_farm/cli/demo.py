@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 
 from apg_farm.cli.analysis import cost_table
-from apg_farm.cli.common import err, out, print_verdict, report_table
+from apg_farm.cli.common import err, out, print_table, print_verdict, report_table
 from apg_farm.cli.running import execute_sweep
 from apg_farm.defaults import DEFAULT_FIXTURES
 
@@ -217,9 +217,9 @@ def run_demo(store: Store, *, beds: int, trials: int, time_scale: float, faults:
     ok = execute_sweep(store, submission.sweep_id)
     sweep = find_sweep(store, str(submission.sweep_id))
     report = analyse(store, sweep)
-    out.print(report_table(report))
+    print_table(report_table(report))
     # What each model cost, per attempt and per pass, from the simulated adapters' records.
-    out.print(cost_table(report))
+    print_table(cost_table(report))
     if faults:
         # What the faults are there to show: the beds the farm took out, and why.
         for line in fault_outcomes(store, names[: len(DEMO_FAULTS)]):

@@ -11,7 +11,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from apg_farm.cli.common import err, json_option, machine_output, open_store, out, print_json
+from apg_farm.cli.common import (
+    err,
+    json_option,
+    machine_output,
+    open_store,
+    out,
+    print_json,
+    print_table,
+)
 from apg_farm.errors import BadInput, NotFound
 
 if TYPE_CHECKING:
@@ -149,7 +157,7 @@ def _list(
         for item in row["files"]:
             cut = " (cut)" if item["truncated"] else ""
             table.add_row(escape(item["path"]), f"{item['size']}{cut}", item["sha256"])
-        out.print(table)
+        print_table(table)
         for key, value in sorted(row["meta"].items()):
             out.print(escape(f"  {key}: {value}"), soft_wrap=True)
 

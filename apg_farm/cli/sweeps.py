@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from apg_farm.cli.common import open_store, out, print_json
+from apg_farm.cli.common import open_store, out, print_json, print_table
 from apg_farm.errors import BadInput
 
 
@@ -69,7 +69,7 @@ def sweep_list(
         table.add_column(column, justify="right")
     for row in page.sweeps:
         table.add_row(*_cells(row))
-    out.print(table)
+    print_table(table)
     if page.next_before is not None:
         out.print(
             f"older sweeps: `apg-farm sweep list --before {page.next_before}"
