@@ -192,6 +192,8 @@ def bed_list(
             column,
             no_wrap=column in ("host", "name", "state", "fails"),
             max_width=28 if column in ("pool", "approot") else None,
+            # A long path or pool folds onto the next line: cut, it would name another one.
+            overflow="fold",
         )
     for i, row in enumerate(rows):
         bed = beds[row["name"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -37,9 +38,7 @@ def print_table(table: Table, console: Console | None = None) -> None:
     would cut cells to "…" ("64%–9…"), and a number cut is a wrong number: here every figure is
     printed whole."""
     console = console or out
-    # Measured as if the terminal had no edge (Rich clamps a measure to the console's width).
-    natural = console.measure(table, options=console.options.update_width(10**6)).maximum
-    if natural <= console.width:
+    if not _cut(table, console.width):
         console.print(table)
         return
     if table.title:
@@ -61,6 +60,18 @@ def print_table(table: Table, console: Console | None = None) -> None:
         console.print(line, markup=False, soft_wrap=True)
     if table.caption:
         console.print(table.caption, style="dim")
+
+
+def _cut(table: Table, width: int) -> bool:
+    """Whether Rich would cut a cell of `table` at `width` (an ellipsis no cell holds): columns
+    that may wrap give way first, so only a table too wide for its unbreakable cells is cut."""
+    probe = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    probe.print(table)
+    if "…" not in probe.export_text():
+        return False
+    texts = [str(column.header) for column in table.columns]
+    texts += [str(cell) for column in table.columns for cell in column.cells]
+    return not any("…" in text for text in texts)
 
 
 def open_store(*, create: bool = False) -> Store:
