@@ -54,3 +54,5 @@ def test_the_pool_says_how_many_of_its_beds_run(
     monkeypatch.setenv("COLUMNS", "200")
     _, err = run_main(monkeypatch, capsys, "sweep", "resume", "cap")
     assert f"capacity: {expected}" in " ".join(err.split())
+    # The bar shows what --watch shows: time left and the pass rate so far.
+    assert "ETA" in err and "this run" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -158,28 +159,53 @@ def warn_capacity(store: Store, sweep_id: int, *, unless: str | None = None) -> 
 
 def execute_sweep(store: Store, sweep_id: int) -> bool:
     """Run every remaining attempt on the pool's beds; False when some could not be run."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
+    from apg_farm.contract import COUNTED, Outcome
     from apg_farm.settings import load_settings
     from apg_farm.workers import EmbeddedExecutor
 
     done, total = done_count(store, sweep_id)
+    # What `sweep status --watch` shows, on the bar: time left, the pass rate so far, and a line
+    # whenever the pool's capacity changes (a bed quarantined during the run).
     with Progress(
         TextColumn("[bold]attempts"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[rate]}"),
         TextColumn("{task.fields[last]}"),
         console=err,
         transient=False,
     ) as progress:
-        bar = progress.add_task("attempts", total=total, completed=done, last="")
+        bar = progress.add_task("attempts", total=total, completed=done, last="", rate="")
+        lock = threading.Lock()
+        seen = {"passed": 0, "counted": 0}
+        said: list[str | None] = [None]
 
         def on_report(report: AttemptReport) -> None:
             finished, _ = done_count(store, sweep_id)
             label = report.outcome or f"retry ({report.verdict.reason[:60]})"
+            with lock:
+                if report.outcome in COUNTED:
+                    seen["counted"] += 1
+                    seen["passed"] += report.outcome == Outcome.PASSED
+                rate = f"passed {seen['passed']}/{seen['counted']} this run"
+                said[0] = warn_capacity(store, sweep_id, unless=said[0])
             progress.update(
-                bar, completed=finished, last=f"{report.claim.task} {report.claim.model}: {label}"
+                bar,
+                completed=finished,
+                rate=rate,
+                last=escape(f"{report.claim.task} {report.claim.model}: {label}"),
             )
 
         executor = EmbeddedExecutor(
@@ -192,15 +218,13 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
             err.print("[red]no active bed in this sweep's pool[/]: add one with `apg-farm bed add`")
             return False
         _say_held(store, sweep_id)
-        before = warn_capacity(store, sweep_id)
+        said[0] = warn_capacity(store, sweep_id)
         try:
             result = executor.run()
         except KeyboardInterrupt:
             executor.stop()
             raise
         progress.update(bar, completed=done_count(store, sweep_id)[0])
-    # Beds the run took out: "running on 1 of 4 beds ... 3 quarantined" (demo --faults).
-    warn_capacity(store, sweep_id, unless=before)
     for problem in result.errors:
         err.print(f"[red]error:[/] {escape(problem)}")
     if result.paused:
