@@ -80,7 +80,9 @@ def test_submit_wait_runs_a_sweep_to_the_end_on_workers(
     assert "8 new attempts" in done.stdout
     # It ends with the results table (#23), not only a progress bar.
     assert "sweep waited" in done.stdout and "pass rate" in done.stdout
-    assert done.stdout.rstrip().endswith("the whole report: apg-farm report waited")
+    # Then how to see it again, then the verdict (#31): a line per model, last.
+    assert "the whole report: apg-farm report waited" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].endswith("n = 4")
     assert sum(_outcomes(store, "waited").values()) == 8 and None not in _outcomes(store, "waited")
 
 
