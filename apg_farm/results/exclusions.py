@@ -30,7 +30,7 @@ from typing import Any
 
 from apg_farm.contract import Outcome
 from apg_farm.results.gate_family import fisher_drop_p
-from apg_farm.results.stats import wilson
+from apg_farm.results.headline import rate_figures
 
 #: The outcomes no pass rate counts.
 EXCLUDED = (Outcome.INVALID.value, Outcome.ERROR.value, Outcome.SKIPPED.value)
@@ -53,14 +53,15 @@ def bound_figures(headline_passed: int, n: int, excluded: int) -> dict[str, Any]
     """The exclusion bound of a row: its headline passes over its counted attempts (`n`) plus
     those excluded after their agent started, with the Wilson interval."""
     bound_n = n + excluded
-    low, high = wilson(headline_passed, bound_n)
+    # The same rate and Wilson interval every headline figure has (headline.rate_figures).
+    rate = rate_figures(headline_passed, bound_n)
     return {
         "excluded_after_start": excluded,
         "exclusion_bound_n": bound_n,
         "exclusion_bound_passed": headline_passed,
-        "exclusion_bound_rate": headline_passed / bound_n if bound_n else None,
-        "exclusion_bound_ci_low": low if bound_n else None,
-        "exclusion_bound_ci_high": high if bound_n else None,
+        "exclusion_bound_rate": rate["pass_rate"],
+        "exclusion_bound_ci_low": rate["ci_low"],
+        "exclusion_bound_ci_high": rate["ci_high"],
     }
 
 
