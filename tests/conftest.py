@@ -19,6 +19,10 @@ from tests.services import RedisServer, Workers, redis_server
 # PYTHONDONTWRITEBYTECODE set, each would compile the farm's sources (an editable install has
 # no bytecode of its own) again. Let them cache it.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# The farm prints at the width COLUMNS asks for (CI sets 80): a test that reads a table chooses
+# its width itself (tests/test_terminal_width.py, the narrow ones), never inherits the runner's.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 PG_URL = os.environ.get("APG_FARM_TEST_DATABASE_URL")
 IN_CI = bool(os.environ.get("CI"))

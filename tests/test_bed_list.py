@@ -93,11 +93,18 @@ def test_the_table_hides_removed_beds_and_counts_hosts(
 
 def test_markup_and_escapes_from_a_bed_are_text(farm: tuple[dict[str, str], ManyBeds]) -> None:
     env, made = farm
+    # Wide enough for the table itself (its columns are parsed below), whatever COLUMNS says.
     table = run_process(
-        env, "bed", "list", "--host", "host00.farm", "--state", "quarantined"
+        {**env, "COLUMNS": "200"}, "bed", "list", "--host", "host00.farm", "--state", "quarantined"
     ).stdout
     for raw in RAW:
         assert raw not in table
+    # Stacked on a narrow terminal, the reason is the same text.
+    stacked = run_process(
+        {**env, "COLUMNS": "60"}, "bed", "list", "--host", "host00.farm", "--state", "quarantined"
+    ).stdout
+    assert "│" not in stacked and "[/] [bold red]boom[/bold red]" in stacked, stacked
+    assert not any(raw in stacked for raw in RAW) and "pwned-title" not in stacked
     # The reason column (the 6th), its wrapped lines joined: markup printed as written (Rich
     # would have eaten it, or crashed on `[/]`).
     reason = "".join(

@@ -79,3 +79,58 @@ def test_a_runs_end_prints_every_figure_whole(
         assert cell["task"] in out and cell["model"] in out
         assert f"{_pct(cell['ci_low'])}–{_pct(cell['ci_high'])}" in out
     assert report["verdict"][0] in out
+
+
+def _printed(table: Any, width: int) -> str:
+    import io
+
+    from rich.console import Console
+
+    from apg_farm.cli.common import print_table
+
+    console = Console(width=width, file=io.StringIO(), color_system=None, record=True)
+    print_table(table, console)
+    return console.export_text()
+
+
+@pytest.mark.parametrize(
+    ("overflow", "no_wrap", "width"),
+    [("ellipsis", True, 60), ("fold", False, 20), ("fold", True, 60)],
+    ids=["cut-to-ellipsis", "squeezed-to-nothing", "cropped-off-the-edge"],
+)
+def test_a_table_that_would_lose_text_is_stacked(overflow: str, no_wrap: bool, width: int) -> None:
+    """Whatever way Rich would lose a cell's text at this width (an ellipsis, a fold column
+    squeezed to zero width, unbreakable columns cropped off the right edge: CI's 80 columns
+    showed `bed list` without its last columns), the rows are stacked and every cell is whole;
+    a table that fits by wrapping stays a table."""
+    from rich.table import Table
+
+    table = Table(title="beds")
+    for name in ("name", "pool", "reason", "approot", "canary"):
+        table.add_column(name, overflow=overflow, no_wrap=no_wrap)  # type: ignore[arg-type]
+    cells = (
+        "rack09-bed019",
+        "canvas_home,kb_docs",
+        "reset failed: " + "x" * 30,
+        "/tmp/pytest-of-root/farm-home/beds/bed1",
+        "contaminated",
+    )
+    table.add_row(*cells)
+    narrow = _printed(table, width)
+    assert "│" not in narrow
+    for cell in cells:
+        assert cell in narrow, (cell, narrow)
+    wide = _printed(table, 200)
+    assert "│" in wide and all(cell in wide for cell in cells)
+
+
+def test_a_table_that_wraps_to_fit_stays_a_table() -> None:
+    from rich.table import Table
+
+    table = Table()
+    table.add_column("name", no_wrap=True)
+    table.add_column("reason")
+    table.add_row("bed1", "the reset failed twice in a row and the bed was quarantined")
+    printed = _printed(table, 40)
+    assert "│" in printed and "bed1" in printed
+    assert "quarantined" in " ".join(printed.split())

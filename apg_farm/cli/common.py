@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -29,7 +30,8 @@ def _width(stream: TextIO) -> int | None:
 
 
 out = Console(highlight=False, width=_width(sys.stdout))
-err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
+# Messages are lines the terminal wraps itself: a log read later, or grepped, keeps each whole.
+err = Console(stderr=True, highlight=False, width=_width(sys.stderr), soft_wrap=True)
 
 
 def print_table(table: Table, console: Console | None = None) -> None:
@@ -63,15 +65,28 @@ def print_table(table: Table, console: Console | None = None) -> None:
 
 
 def _cut(table: Table, width: int) -> bool:
-    """Whether Rich would cut a cell of `table` at `width` (an ellipsis no cell holds): columns
-    that may wrap give way first, so only a table too wide for its unbreakable cells is cut."""
+    """Whether Rich, at `width`, would lose any of `table`'s text: a cell cut to "…", a column
+    squeezed to nothing, or columns cropped off the right edge. Wrapping and folding keep every
+    character, so a table whose columns may wrap still prints as a table while it can."""
+    rendered = _render(table, width)
+    if any(cell_len(line) > width for line in rendered.splitlines()):
+        return True  # its unbreakable columns alone are wider: the console would crop them off
+    return _content(rendered) != _content(_render(table, 100_000))
+
+
+def _render(table: Table, width: int) -> str:
     probe = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-    probe.print(table)
-    if "…" not in probe.export_text():
-        return False
-    texts = [str(column.header) for column in table.columns]
-    texts += [str(cell) for column in table.columns for cell in column.cells]
-    return not any("…" in text for text in texts)
+    probe.print(table, crop=False)
+    return probe.export_text()
+
+
+def _content(rendered: str) -> str:
+    """The characters of the cells, in no particular layout: no spaces, rules or ellipses."""
+    return "".join(sorted(c for c in rendered if not c.isspace() and c != "…" and not _rule(c)))
+
+
+def _rule(char: str) -> bool:
+    return "\u2500" <= char <= "\u257f"  # box drawing
 
 
 def open_store(*, create: bool = False) -> Store:
