@@ -247,3 +247,58 @@ def test_the_command_tree_imports_nothing_heavy() -> None:
     }
     assert loaded & heavy == set()
     assert not any(m in loaded for m in ("scheduler", "workers"))
+
+
+#: What a read command must not load (issue #31: under 0.5 s of CPU): the broker and SSH stacks,
+#: the web server, Alembic (the store is current: its revision is read with one query) and
+#: jsonschema (only grading and export validate).
+NOT_FOR_READING = {
+    "alembic",
+    "celery",
+    "kombu",
+    "paramiko",
+    "redis",
+    "starlette",
+    "uvicorn",
+    "jsonschema",
+}
+
+
+def _loaded_by(home: Path, *args: str) -> set[str]:
+    """The modules `apg-farm ARGS` has loaded by its end, run in a fresh interpreter."""
+    probe = (
+        "import sys\n"
+        f"sys.argv = ['apg-farm', *{list(args)!r}]\n"
+        "from apg_farm.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as end:\n    assert not end.code, end.code\n"
+        "print('\\n' + ','.join(sorted(sys.modules)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
+    env["APG_FARM_HOME"] = str(home)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.strip().splitlines()[-1].split(","))
+
+
+def test_read_commands_import_only_what_they_read(tmp_path: Path) -> None:
+    """`sweep list` and `report` load the store and the results they print, not Celery, paramiko,
+    Alembic, jsonschema, the beds, the scheduler or the workers; `sweep list` not the analysis
+    either (the wings' `__init__` import on first use: apg_farm/lazy_exports.py)."""
+    from apg_farm.scheduler import submit
+    from apg_farm.specs import parse_sweep
+
+    home = tmp_path / "home"
+    store = Store(f"sqlite:///{home / 'farm.db'}")
+    submit(store, parse_sweep({"name": "s", "tasks": ["a"], "models": ["m"], "trials": 1}))
+    store.dispose()
+    for args in (("sweep", "list"), ("report", "s"), ("report", "s", "--json")):
+        loaded = _loaded_by(home, *args)
+        assert "apg_farm.store.models" in loaded, args  # the probe ran the command
+        assert {m.split(".")[0] for m in loaded} & NOT_FOR_READING == set(), args
+        wings = ("apg_farm.beds", "apg_farm.scheduler", "apg_farm.workers", "apg_farm.dashboard")
+        assert not [m for m in loaded if m.startswith(wings)], args
+    listing = _loaded_by(home, "sweep", "list")
+    assert "apg_farm.results.listing" in listing
+    assert not {"apg_farm.results.analysis", "apg_farm.store.claims"} & listing

@@ -3,7 +3,7 @@ script error or CSP violation, shows the report's numbers, follows a live sweep 
 runs nothing a bed printed, and its actions work from the forms.
 
 Chromium missing (or Playwright): skipped locally, a failure under CI (.ci/run installs both).
-APG_FARM_DASHBOARD_SCREENSHOTS=DIR also writes each page's screenshot there (docs/dashboard/).
+APG_FARM_DASHBOARD_SCREENSHOTS=DIR also writes each page's screenshot there (docs/img/dashboard/).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Watched:
 
     def __init__(self, browser: Any, server: Server, *, bypass_csp: bool = False) -> None:
         self.context = browser.new_context(
-            viewport={"width": 1280, "height": 900}, bypass_csp=bypass_csp
+            viewport={"width": 1280, "height": 800}, bypass_csp=bypass_csp
         )
         self.page = self.context.new_page()
         self.url = server.url
@@ -160,6 +160,47 @@ def test_pages_render_without_errors(watched: Watched, farm: DashFarm, tmp_path:
     until(lambda: polled(page), what="a poll")
     assert "failed" not in page.text_content("#updated-at")
     assert watched.errors == [] and watched.dialogs == []
+
+
+#: Per table: how much wider than its box it is, and how far past the window its right edge.
+OVERFLOW = """() => Array.from(document.querySelectorAll("table")).map(t => {
+  const box = t.parentElement;
+  return {id: t.id || t.className, over: Math.max(0, box.scrollWidth - box.clientWidth),
+          past: Math.max(0, Math.ceil(t.getBoundingClientRect().right) - window.innerWidth)};
+})"""
+
+
+def _overflowing(page: Any) -> list[dict[str, Any]]:
+    return [t for t in page.evaluate(OVERFLOW) if t["over"] > 1 or t["past"] > 0]
+
+
+def test_every_table_fits_and_a_finished_sweep_leads_with_its_result(
+    watched: Watched, farm: DashFarm
+) -> None:
+    """At 1,280 × 800 no table is wider than its box or the window, on every page; a finished
+    sweep's first screen holds its verdict, forest plot and the start of its pairwise table,
+    its progress folded away below."""
+    finished = farm.sweeps["finished"]
+    for path in (
+        "/sweeps",
+        f"/sweeps/{finished}",
+        f"/sweeps/{finished}/attempts",
+        "/beds",
+        f"/attempts/{farm.hostile_attempt + 1}",
+    ):
+        page = watched.goto(path)
+        assert _overflowing(page) == [], path
+    page = watched.goto(f"/sweeps/{finished}")
+    report = analyse(farm.store, find_sweep(farm.store, "finished"))
+    verdict = page.locator("#verdict li").all_inner_texts()
+    assert verdict == report["verdict"] and verdict
+    first_screen = page.viewport_size["height"]
+    for selector in ("#verdict", "#forest-plot", "#comparisons-table"):
+        top = page.locator(selector).bounding_box()["y"]
+        assert top < first_screen, (selector, top)
+    assert page.locator("#running-live").count() == 0  # no empty "running" table
+    assert not page.locator("#progress-details").evaluate("d => d.open")
+    assert page.locator("#timeline .panel").count() == 4
 
 
 def test_the_sweeps_table_sorts_by_a_clicked_column(watched: Watched, farm: DashFarm) -> None:
@@ -236,6 +277,8 @@ def _hostile_pages(watched: Watched, farm: DashFarm) -> None:
     assert SCRIPT in stderr.inner_text() and IMG in stderr.inner_text()
     for path in ("/beds", f"/sweeps/{farm.sweeps['finished']}"):
         page = watched.goto(path)
+        if page.locator("#progress-details").count():
+            page.click("#progress-details summary")  # a finished sweep folds its progress away
         page.get_by_text(IMG, exact=False).first.wait_for()
         # A poll rewrites the live parts from the API: still text, still nothing run.
         until(lambda page=page: polled(page), what="a poll")

@@ -343,3 +343,18 @@ def test_a_lease_lost_on_the_workers_host_after_the_agent_started_is_the_agents(
         execution = session.get_one(Execution, claim.execution_id)
         assert (execution.result, execution.rerun_kind) == ("LOST", kind)
     assert had_second_chance(store, claim.attempt_id) is bought
+
+
+def test_the_head_read_without_alembic_is_alembics(tmp_path: Path) -> None:
+    """Opening a current store skips Alembic when its revision is the newest migration, read from
+    the files' text (db._head_revision): that reading must name Alembic's own head."""
+    from alembic.script import ScriptDirectory
+
+    from apg_farm.store.db import _alembic_config, _head_revision
+
+    store = Store(f"sqlite:///{tmp_path / 'farm.db'}")
+    with store.engine.connect() as conn:
+        head = ScriptDirectory.from_config(_alembic_config(conn)).get_current_head()
+        assert MigrationContext.configure(conn).get_current_revision() == head
+    store.dispose()
+    assert head is not None and _head_revision() == head

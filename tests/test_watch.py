@@ -83,3 +83,44 @@ def test_finished_sweep_says_so(store: Store, tmp_path: Path) -> None:
     console.print(render_watch(snap))
     text = console.export_text()
     assert "finished" in text and "ETA" not in text and "no attempt running" in text
+
+
+def test_runs_bar_shows_each_beds_attempt_until_the_run_is_over(
+    sqlite_only_store: Store, tmp_path: Path
+) -> None:
+    """`run`'s bar, as a terminal draws it: the running attempts per bed under it (what
+    `--watch` shows), re-read at most every `every` seconds; none in the frame after the run."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+
+    from apg_farm.cli.progress import RunningBeds, run_progress
+
+    store = sqlite_only_store
+    beds = make_beds(store, tmp_path, 2)
+    sweep_id = submit(store, spec("bar", tasks=1, models=1, trials=2, diff=False)).sweep_id
+    claim = claim_next(store, beds[1].id, lease_seconds=600, worker="w1", sweep_id=sweep_id)
+    assert claim is not None
+    start_phase(store, beds[1].id, "run", utcnow() - timedelta(seconds=5))
+    running = RunningBeds(store, sweep_id, every=3600)
+
+    def frame() -> str:
+        console = Console(
+            file=io.StringIO(), width=160, record=True, color_system=None, force_terminal=True
+        )
+        progress = run_progress(
+            running, TextColumn("attempts"), BarColumn(), MofNCompleteColumn(), console=console
+        )
+        progress.add_task("attempts", total=2, completed=0)
+        console.print(progress.get_renderable())
+        return console.export_text()
+
+    shown = frame()
+    assert "0/2" in shown and "running attempts per bed" in shown
+    line = next(line for line in shown.splitlines() if "bed1" in line)
+    assert claim.task in line and "run" in line
+    # Not re-read within `every`: the attempt ending now is still shown, from the last read.
+    claimed_bed = beds[1].id
+    with store.session() as session:
+        session.execute(update(Bed).where(Bed.id == claimed_bed).values(phase=None))
+    assert "bed1" in frame()
+    running.over = True
+    assert "running attempts per bed" not in frame()

@@ -174,19 +174,21 @@ def report_command(
         render_html,
         report_csv,
         stop_lines,
+        timeline_for,
     )
 
     fmt = pick_format(fmt, as_json, FORMATS)
     if k is not None and k < 1:
         raise BadInput("k must be at least 1", field="--k")
     store = open_store()
-    report = analyse(store, find_sweep(store, sweep_ref), k=k)
+    sweep = find_sweep(store, sweep_ref)
+    report = analyse(store, sweep, k=k)
     if fmt == "json":
         _emit(json.dumps(report, indent=2, default=str) + "\n", output)
     elif fmt == "csv":
         _emit(report_csv(report), output)
     elif fmt == "html":
-        _emit(render_html(report), output)
+        _emit(render_html(report, timeline=timeline_for(store, sweep)), output)
     else:
         print_table(report_table(report))
         print_table(models_table(report))

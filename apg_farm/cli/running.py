@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 
 from apg_farm.cli.common import err
-from apg_farm.cli.progress import done_count
+from apg_farm.cli.progress import RunningBeds, done_count, run_progress
 
 if TYPE_CHECKING:
     from apg_farm.store import Bed, Store
@@ -162,7 +162,6 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
@@ -175,7 +174,9 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
     done, total = done_count(store, sweep_id)
     # What `sweep status --watch` shows, on the bar: time left, the pass rate so far, and a line
     # whenever the pool's capacity changes (a bed quarantined during the run).
-    with Progress(
+    beds = RunningBeds(store, sweep_id)
+    with run_progress(
+        beds,
         TextColumn("[bold]attempts"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -185,7 +186,6 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
         TextColumn("{task.fields[rate]}"),
         TextColumn("{task.fields[last]}"),
         console=err,
-        transient=False,
     ) as progress:
         bar = progress.add_task("attempts", total=total, completed=done, last="", rate="")
         lock = threading.Lock()
@@ -224,6 +224,8 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
         except KeyboardInterrupt:
             executor.stop()
             raise
+        finally:
+            beds.over = True
         progress.update(bar, completed=done_count(store, sweep_id)[0])
     for problem in result.errors:
         err.print(f"[red]error:[/] {escape(problem)}")

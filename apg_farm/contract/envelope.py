@@ -15,12 +15,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal
-
-from jsonschema import Draft7Validator
+from typing import TYPE_CHECKING, Any, Literal
 
 from apg_farm.defaults import GRADE_STDOUT_LIMIT
 from apg_farm.errors import ContractViolation
+
+if TYPE_CHECKING:
+    from jsonschema import Draft7Validator
 
 #: Largest envelope accepted; a droost_state envelope is a few kilobytes.
 MAX_ENVELOPE_BYTES = GRADE_STDOUT_LIMIT
@@ -82,6 +83,10 @@ class Grade:
 
 @functools.cache
 def schema_validator() -> Draft7Validator:
+    # Imported here: only grading and export validate, and jsonschema costs every command that
+    # reads the store (the contract comes in with it) about 0.15 s of CPU.
+    from jsonschema import Draft7Validator
+
     text = (resources.files("apg_farm.contract") / "schemas" / SCHEMA_RESOURCE).read_text("utf-8")
     schema = json.loads(text)
     Draft7Validator.check_schema(schema)

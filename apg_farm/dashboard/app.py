@@ -45,6 +45,8 @@ from apg_farm.results import (
     forest_plot,
     second_chance_section,
     stop_section,
+    timeline_for,
+    timeline_svg,
     usd,
 )
 from apg_farm.store import Store
@@ -243,7 +245,9 @@ def sweep_page(request: Request) -> Response:
     store = dashboard_of(request).store
     sweep_id: int = request.path_params["sweep_id"]
     live = data.sweep_live(store, sweep_id)
-    report = analyse(store, find_sweep(store, str(sweep_id)))
+    sweep = find_sweep(store, str(sweep_id))
+    report = analyse(store, sweep)
+    timeline = timeline_for(store, sweep)
     return render(
         request,
         "sweep.html",
@@ -252,6 +256,8 @@ def sweep_page(request: Request) -> Response:
             "report": report,
             # Built by apg_farm.results with every string escaped (html.escape): markup as is.
             "forest_svg": Markup(forest_plot(report)),
+            "timeline": timeline,
+            "timeline_svg": Markup(timeline_svg(timeline)),
             "cost_html": Markup(cost_section(report)),
             "second_chance_html": Markup(second_chance_section(report)),
             # The sweep's question (`stop:`): stopped or not, the anytime-valid figures.

@@ -16,6 +16,7 @@ from apg_farm.results.cost_plot import cost_per_execution, cost_plot_svg, cost_p
 from apg_farm.results.dataset_hashes import dataset_hash_lines
 from apg_farm.results.exclusions import warnings as exclusion_warnings
 from apg_farm.results.stop_report import stop_section
+from apg_farm.results.timeline_plot import timeline_svg
 
 #: One colour per model, in the sweep's model order (colour-blind-safe Okabe-Ito palette).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
@@ -24,12 +25,13 @@ PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F
 # quarantine reason stays in view instead of widening its table past the page.
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
-max-width:1100px;color:#222;padding:0 1em}
+max-width:1240px;color:#222;padding:0 1em}
 h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}
-th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
-th{background:#f5f5f5;font-weight:600}td.l,th.l{text-align:left}
-td.l{white-space:normal;overflow-wrap:anywhere;min-width:4em}
+table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums;font-size:13px}
+th,td{padding:3px 6px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th{background:#f5f5f5;font-weight:600;white-space:normal;vertical-align:bottom;font-size:.86em;min-width:3em}
+td.l,th.l{text-align:left}td.l,td.ci{white-space:normal}.nw{white-space:nowrap}
+.figure svg{max-width:100%;height:auto}
 .wrap{overflow-x:auto}td.warn{color:#a15c00;font-weight:600}.muted{color:#777}.bad{color:#b00020;font-weight:600}
 .caption{color:#555;font-size:.92em;max-width:900px}code{font-size:.9em}
 svg text{font:12px system-ui,sans-serif}.swatch{display:inline-block;width:.9em;height:.9em;
@@ -51,9 +53,14 @@ def _p(value: float | None) -> str:
     return "<0.001" if value < 0.001 else f"{value:.3f}"
 
 
-def _cell(value: Any, *, left: bool = False, warn: bool = False) -> str:
-    classes = " ".join(c for c, on in (("l", left), ("warn", warn)) if on)
+def _cell(value: Any, *, left: bool = False, warn: bool = False, ci: bool = False) -> str:
+    """One cell; `ci`: "rate [low–high]", which may wrap before its interval (never inside a
+    number)."""
+    classes = " ".join(c for c, on in (("l", left), ("warn", warn), ("ci", ci)) if on)
     attr = f' class="{classes}"' if classes else ""
+    rate, bracket, interval = str(value).partition(" [")
+    if ci and bracket:
+        return f'<td{attr}>{escape(rate)} <span class="nw">[{escape(interval)}</span></td>'
     return f"<td{attr}>{escape(str(value))}</td>"
 
 
@@ -246,13 +253,13 @@ def _rerun_cells(row: dict[str, Any]) -> str:
         + _cell(_kinds(row), left=True)
         + _cell(_pct(row.get("rerun_share")))
         + _cell(f"{row.get('headline_passed', 0)}/{row.get('headline_n', 0)}")
-        + _cell(headline)
+        + _cell(headline, ci=True)
         + _cell(f"{row.get('passed', 0)}/{row.get('n', 0)}")
-        + _cell(final)
+        + _cell(final, ci=True)
         + _cell(f"{row.get('lower_bound_passed', 0)}/{row.get('lower_bound_n', 0)}")
-        + _cell(bound, warn=low is not None and low != row.get("pass_rate"))
+        + _cell(bound, warn=low is not None and low != row.get("pass_rate"), ci=True)
         + _cell(row.get("excluded_after_start", 0), warn=bool(row.get("excluded_after_start")))
-        + _cell(exclusion, warn=bool(row.get("excluded_after_start")))
+        + _cell(exclusion, warn=bool(row.get("excluded_after_start")), ci=True)
     )
 
 
@@ -400,8 +407,21 @@ def dataset_hash_section(report: dict[str, Any]) -> str:
     return f'<div id="dataset-hashes">{lines}{table}</div>'
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """The whole report as one HTML document."""
+def _over_time(timeline: dict[str, Any] | None) -> str:
+    if timeline is None:
+        return ""
+    return (
+        f'<h2>Over time</h2><div class="figure">{timeline_svg(timeline)}</div>'
+        '<p class="caption">Attempts finished per hour, the queue, the beds that ran the sweep by '
+        "state, and each model's pass rate over its finished attempts (final outcomes: the "
+        "<i>with re-runs</i> column as it grew), at the end of each of "
+        f"{timeline['bins']} equal bins.</p>"
+    )
+
+
+def render_html(report: dict[str, Any], timeline: dict[str, Any] | None = None) -> str:
+    """The whole report as one HTML document; with the sweep's `timeline` (timeline.py), its
+    figure over time below the forest plot."""
     sweep, prov, k = report["sweep"], report.get("provenance", {}), report.get("k", 1)
     models = [m["model"] for m in report.get("models", [])]
     legend = "".join(
@@ -537,6 +557,7 @@ def render_html(report: dict[str, Any]) -> str:
 {forest_plot(report)}
 <p class="caption">Dots are headline pass rates, bars their 95% Wilson intervals; diamonds pool each model over
 its tasks. Overlapping bars mean the ranking is not decisive evidence; the pairwise table below tests it.</p>
+{_over_time(timeline)}
 
 <h2>Outcomes</h2>
 {_table("outcomes-table", ["outcome", "attempts"], outcome_rows)}

@@ -216,6 +216,26 @@ def _pace_lines(pace: dict[str, Any] | None) -> list[RenderableType]:
     return lines
 
 
+def running_table(running: list[dict[str, Any]]) -> Table:
+    """Running attempts per bed: what each runs, its phase and for how long (also under `run`'s
+    bar)."""
+    beds = Table(title="running attempts per bed", title_justify="left")
+    for name in ("bed", "task", "model", "trial", "try", "phase", "in phase", "elapsed"):
+        beds.add_column(name, no_wrap=True)
+    for row in running:
+        beds.add_row(
+            *(escape(printable(row[k])) for k in ("bed", "task", "model")),
+            str(row["trial"]),
+            str(row["execution"]),
+            escape(printable(row["phase"])) if row["phase"] else "—",
+            _clock(row["phase_elapsed"]) if row["phase"] else "—",
+            _clock(row["elapsed"]),
+        )
+    if not running:
+        beds.caption = "no attempt running"
+    return beds
+
+
 def render_watch(snap: dict[str, Any]) -> RenderableType:
     """The live view: a header line, progress per model, running attempts per bed, quarantines."""
     sweep = snap["sweep"]
@@ -242,21 +262,7 @@ def render_watch(snap: dict[str, Any]) -> RenderableType:
         )
     capacity = [Text(printable(snap["capacity"]), style="yellow")] if snap.get("capacity") else []
     parts: list[RenderableType] = [header, *capacity, *_pace_lines(snap.get("pace")), progress]
-    beds = Table(title="running attempts per bed", title_justify="left")
-    for name in ("bed", "task", "model", "trial", "try", "phase", "in phase", "elapsed"):
-        beds.add_column(name, no_wrap=True)
-    for row in snap["running"]:
-        beds.add_row(
-            *(escape(printable(row[k])) for k in ("bed", "task", "model")),
-            str(row["trial"]),
-            str(row["execution"]),
-            escape(printable(row["phase"])) if row["phase"] else "—",
-            _clock(row["phase_elapsed"]) if row["phase"] else "—",
-            _clock(row["elapsed"]),
-        )
-    if not snap["running"]:
-        beds.caption = "no attempt running"
-    parts.append(beds)
+    parts.append(running_table(snap["running"]))
     if snap["quarantined"]:
         quarantine = Table(title="quarantined beds", title_justify="left", style="red")
         quarantine.add_column("bed", no_wrap=True)

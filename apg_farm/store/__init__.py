@@ -9,156 +9,166 @@ and transports.
 
 from __future__ import annotations
 
-from apg_farm.store.baselines import BASELINE, bed_baseline
-from apg_farm.store.canaries import (
-    BROKEN,
-    CANARY,
-    CONTAMINATED,
-    HEALTHY,
-    INCONCLUSIVE,
-    NO_TASK,
-    NOT_AT_BASELINE,
-    CanaryConfig,
-    canary_due,
-    canary_tasks,
-    check_canary_config,
-    effective_config,
-    summary_of,
-)
-from apg_farm.store.capacity import Capacity, pool_capacity
-from apg_farm.store.capacity import from_states as capacity_of
-from apg_farm.store.claim_gates import (
-    paused_for_claims,
-    release_model,
-    stopped_by_claims,
-)
-from apg_farm.store.claims import (
-    AGENT_STOPPED,
-    HAND_BACK_LIMIT,
-    Claim,
-    Refusal,
-    Why,
-    canary_holder,
-    claim,
-    claim_next,
-    renew_lease,
-    requeue_expired,
-)
-from apg_farm.store.db import Store, is_transient, normalize_url, rowcount
-from apg_farm.store.evidence import (
-    EvidenceChanged,
-    EvidenceElsewhere,
-    EvidenceFile,
-    EvidenceMissing,
-    Kept,
-    KeptFile,
-    Location,
-    evidence_location,
-    evidence_transport,
-    list_evidence,
-    local_host_label,
-    read_evidence,
-    read_kept,
-)
-from apg_farm.store.lifecycle import (
-    STOP_LISTING,
-    UPGRADE,
-    Deleted,
-    Evidence,
-    HarnessAttempt,
-    NotReleasable,
-    NotUpgradable,
-    Recorded,
-    Reweighed,
-    SealedSweep,
-    cancel_attempt,
-    cancel_sweep,
-    count_dispatches,
-    delete_sweep,
-    finish_upgrade,
-    hold_for_canary,
-    mark_agent_started,
-    open_harness_attempt,
-    place_queued,
-    quarantine_bed,
-    queue_head,
-    reactivate,
-    record_canary,
-    record_lost,
-    record_phase,
-    record_verdict,
-    refuse_if_sealed,
-    release_bed,
-    remove_bed,
-    retry_attempts,
-    set_canary_config,
-    set_priority,
-    start_draining,
-    start_phase,
-    start_upgrade,
-    upgrade_of,
-    upgrade_step,
-)
-from apg_farm.store.models import (
-    Attempt,
-    AttemptState,
-    Base,
-    Bed,
-    BedBaseline,
-    BedEvent,
-    BedState,
-    Budget,
-    ClaimGate,
-    DatasetPin,
-    EvidenceRow,
-    Execution,
-    ModelGate,
-    Phase,
-    Spend,
-    Sweep,
-    SweepState,
-    UTCDateTime,
-    WorkerBeat,
-    utcnow,
-)
-from apg_farm.store.outages import judge_provider_claim, provider_of
-from apg_farm.store.pacing import (
-    PROBE,
-    SCOPES,
-    add_spend,
-    at_capacity,
-    backoff,
-    believe_outage,
-    budget_status,
-    claimable,
-    close,
-    day_key,
-    db_time,
-    ensure_gates,
-    farm_budget_reached,
-    outage_clean,
-    pace_status,
-    paused_models,
-    running_counts,
-    set_budget,
-    set_sweep_budget,
-    stopped_by_budget,
-    sweep_pauses,
-    trip,
-)
-from apg_farm.store.pins import PIN_BASELINE_GRADE, PIN_CANARY, PinScope, find_pin, record_pin
-from apg_farm.store.rules import finish_draining, holds_attempt, reopen_sweep
-from apg_farm.store.second_chances import (
-    ADDED_TO_DENOMINATOR,
-    bought_sql,
-    had_second_chance,
-    headline_counted_sql,
-    headline_passed_sql,
-    rerun_kind_sql,
-    rerun_sql,
-    second_chance_sql,
-)
-from apg_farm.store.stopping import STOP, decision_of, stop_reason
+from typing import TYPE_CHECKING
+
+from apg_farm.lazy_exports import lazy_exports
+
+# The names, imported when first used (lazy_exports.py): a read command loads the tables
+# and the queries it runs, not the claim machinery, the sweep file or the transports.
+if TYPE_CHECKING:
+    from apg_farm.store.baselines import BASELINE, bed_baseline
+    from apg_farm.store.canaries import (
+        BROKEN,
+        CANARY,
+        CONTAMINATED,
+        HEALTHY,
+        INCONCLUSIVE,
+        NO_TASK,
+        NOT_AT_BASELINE,
+        CanaryConfig,
+        canary_due,
+        canary_tasks,
+        check_canary_config,
+        effective_config,
+        summary_of,
+    )
+    from apg_farm.store.capacity import Capacity, pool_capacity
+    from apg_farm.store.capacity import from_states as capacity_of
+    from apg_farm.store.claim_gates import (
+        paused_for_claims,
+        release_model,
+        stopped_by_claims,
+    )
+    from apg_farm.store.claims import (
+        AGENT_STOPPED,
+        HAND_BACK_LIMIT,
+        Claim,
+        Refusal,
+        Why,
+        canary_holder,
+        claim,
+        claim_next,
+        renew_lease,
+        requeue_expired,
+    )
+    from apg_farm.store.db import Store, is_transient, normalize_url, rowcount
+    from apg_farm.store.evidence import (
+        EvidenceChanged,
+        EvidenceElsewhere,
+        EvidenceFile,
+        EvidenceMissing,
+        Kept,
+        KeptFile,
+        Location,
+        evidence_location,
+        evidence_transport,
+        list_evidence,
+        local_host_label,
+        read_evidence,
+        read_kept,
+    )
+    from apg_farm.store.lifecycle import (
+        STOP_LISTING,
+        UPGRADE,
+        Deleted,
+        Evidence,
+        HarnessAttempt,
+        NotReleasable,
+        NotUpgradable,
+        Recorded,
+        Reweighed,
+        SealedSweep,
+        cancel_attempt,
+        cancel_sweep,
+        count_dispatches,
+        delete_sweep,
+        finish_upgrade,
+        hold_for_canary,
+        mark_agent_started,
+        open_harness_attempt,
+        place_queued,
+        quarantine_bed,
+        queue_head,
+        reactivate,
+        record_canary,
+        record_lost,
+        record_phase,
+        record_verdict,
+        refuse_if_sealed,
+        release_bed,
+        remove_bed,
+        retry_attempts,
+        set_canary_config,
+        set_priority,
+        start_draining,
+        start_phase,
+        start_upgrade,
+        upgrade_of,
+        upgrade_step,
+    )
+    from apg_farm.store.models import (
+        Attempt,
+        AttemptState,
+        Base,
+        Bed,
+        BedBaseline,
+        BedEvent,
+        BedState,
+        Budget,
+        ClaimGate,
+        DatasetPin,
+        EvidenceRow,
+        Execution,
+        ModelGate,
+        Phase,
+        Spend,
+        Sweep,
+        SweepState,
+        UTCDateTime,
+        WorkerBeat,
+        utcnow,
+    )
+    from apg_farm.store.outages import judge_provider_claim, provider_of
+    from apg_farm.store.pacing import (
+        PROBE,
+        SCOPES,
+        add_spend,
+        at_capacity,
+        backoff,
+        believe_outage,
+        budget_status,
+        claimable,
+        close,
+        day_key,
+        db_time,
+        ensure_gates,
+        farm_budget_reached,
+        outage_clean,
+        pace_status,
+        paused_models,
+        running_counts,
+        set_budget,
+        set_sweep_budget,
+        stopped_by_budget,
+        sweep_pauses,
+        trip,
+    )
+    from apg_farm.store.pins import PIN_BASELINE_GRADE, PIN_CANARY, PinScope, find_pin, record_pin
+    from apg_farm.store.rules import finish_draining, holds_attempt, reopen_sweep
+    from apg_farm.store.second_chances import (
+        ADDED_TO_DENOMINATOR,
+        bought_sql,
+        had_second_chance,
+        headline_counted_sql,
+        headline_passed_sql,
+        rerun_kind_sql,
+        rerun_sql,
+        second_chance_sql,
+    )
+    from apg_farm.store.stopping import STOP, decision_of, stop_reason
+
+if not TYPE_CHECKING:  # hidden from mypy, which checks each name against the imports above
+    __getattr__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "ADDED_TO_DENOMINATOR",

@@ -305,6 +305,11 @@
       setText("active-beds", snap.active_beds);
       var finished = snap.queued === 0 && snap.running.length === 0;
       setText("eta", finished ? "finished" : "ETA " + clock(snap.eta_seconds));
+      // The page was built while the sweep ran: its result leads once reloaded.
+      var note = byId("finished-note");
+      if (note) {
+        note.hidden = !finished;
+      }
       setText("median", clock(snap.median_execution_seconds));
       setText("spent", usd(s.spent_usd));
       setText("budget", s.budget_usd === null ? "(no budget set)" : "of " + usd(s.budget_usd));
