@@ -4,6 +4,8 @@ for one sample: its attempt added alone (never a cross product), found again on 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from sqlalchemy import select
 
@@ -127,3 +129,82 @@ def test_the_reconciler_sends_no_message_for_a_harness_attempt(store: Store) -> 
     with store.read() as session:
         sent = set(_candidates(store, session, pool_key(FIXTURES), 100, grace=False))
     assert sent == farm_ids
+
+
+def test_two_inspect_tasks_over_the_same_ids_are_two_sweeps_each_counted_once(
+    store: Store,
+) -> None:
+    """#32: two Inspect tasks of one run over the same APG task, model and epoch. The run's sweep
+    belongs to the task whose sample made it; the other task's samples go to a sweep of its own
+    (`<sweep>.<task>`), every sample an attempt of its own, found again when retried."""
+    from apg_farm.inspect.config import ApgConfig
+    from apg_farm.inspect.sample_bed import SampleKey, _open_attempt
+    from apg_farm.store import SweepOwned
+
+    config = ApgConfig(fixtures=FIXTURES, dataset="droost_build_tasks")
+
+    def key(inspect_task: str, trial: int = 1) -> SampleKey:
+        return SampleKey(
+            sweep="inspect-run-1",
+            task="dv01_view_build",
+            model="m/a",
+            trial=trial,
+            dataset="droost_build_tasks",
+            record={"inspect_task": inspect_task, "sample_id": "dv01_view_build"},
+        )
+
+    with_tool = _open_attempt(store, config, key("with_tool"))
+    without = _open_attempt(store, config, key("without_tool"))
+    assert with_tool.sweep_name == "inspect-run-1"
+    assert without.sweep_name == "inspect-run-1.without_tool"
+    assert with_tool.attempt_id != without.attempt_id
+    # A retry of either sample (or a later epoch) finds its own sweep and attempt again.
+    assert _open_attempt(store, config, key("without_tool")).attempt_id == without.attempt_id
+    assert _open_attempt(store, config, key("with_tool")).attempt_id == with_tool.attempt_id
+    assert _open_attempt(store, config, key("without_tool", 2)).sweep_name == without.sweep_name
+    with store.read() as session:
+        rows = session.execute(select(Sweep.name, Attempt.trial).join(Attempt)).all()
+    assert sorted(rows) == [
+        ("inspect-run-1", 1),
+        ("inspect-run-1.without_tool", 1),
+        ("inspect-run-1.without_tool", 2),
+    ]
+    # The lifecycle refuses another owner's sweep; a sweep made before owners were recorded
+    # belongs to the Inspect task its first sample named.
+    with pytest.raises(SweepOwned):
+        open_harness_attempt(
+            store,
+            _spec(name="inspect-run-1"),
+            driver="inspect",
+            task="t",
+            model="m",
+            trial=1,
+            owner="third",
+        )
+    open_harness_attempt(
+        store,
+        _spec(name="legacy"),
+        driver="inspect",
+        task="t",
+        model="m",
+        trial=1,
+        meta={"inspect_task": "old_task"},
+    )
+    with pytest.raises(SweepOwned, match="old_task"):
+        open_harness_attempt(
+            store,
+            _spec(name="legacy"),
+            driver="inspect",
+            task="t",
+            model="m",
+            trial=2,
+            owner="new_task",
+        )
+    # When both names are held by other tasks the sample is refused in one line naming the fix.
+    open_harness_attempt(
+        store, _spec(name="legacy.y"), driver="inspect", task="t", model="m", trial=1, owner="z"
+    )
+    with pytest.raises(BadInput, match="sweep:"):
+        _open_attempt(
+            store, config, replace(key("x"), sweep="legacy", record={"inspect_task": "y"})
+        )

@@ -426,3 +426,45 @@ def test_a_ddev_hook_planted_in_a_sample_never_runs_on_the_host(tmp_path: Path) 
                 assert session.get_one(Bed, beds[0].id).state == "quarantined"
     finally:
         marker.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_two_inspect_tasks_sharing_apg_ids_in_one_run_are_each_scored(tmp_path: Path) -> None:
+    """#32: `inspect eval` of two tasks over the same APG task and models, 2 epochs, one run
+    and one configured sweep. Every sample is scored (none "not queued: already done"); the
+    farm keeps each task's samples in a sweep of its own, and its report per Inspect task equals
+    Inspect's scores."""
+    with container_pool(tmp_path / "pool", bed_image(), 2, prefix="tw") as (store, beds, config):
+        argv, env = _inspect(
+            tmp_path,
+            str(config.database_url),
+            beds[0].name,
+            ["-T", "script=build", "-T", "tasks=dv01_view_build", "--epochs", "2"],
+            sweep="twins",
+        )
+        argv[2:3] = [f"{argv[2]}@farm_task", f"{argv[2]}@farm_task_idle"]
+        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+        with store.read() as session:
+            owners = {s.name: s.meta.get("owner") for s in session.scalars(select(Sweep)) if s.meta}
+        assert sorted(owners) in (["twins", "twins.farm_task"], ["twins", "twins.farm_task_idle"])
+        logs = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
+        assert sorted(log.eval.task.split("/")[-1] for log in logs) == sorted(
+            ["farm_task", "farm_task_idle"] * len(MODELS)
+        )
+        for log in logs:
+            task = log.eval.task.split("/")[-1]
+            assert log.status == "success", (task, log.error)
+            samples = log.samples or []
+            assert len(samples) == 2 and all(s.error is None for s in samples), task
+            sweep = next(name for name, owner in owners.items() if owner == task)
+            attempts, _, _ = _rows(store, sweep)
+            mine = [a for a in attempts if a.model == log.eval.model]
+            assert len(mine) == 2 and {a.trial for a in mine} == {1, 2}
+            for sample in samples:
+                farm = next(a.outcome for a in mine if a.trial == sample.epoch)
+                score = next(iter((sample.scores or {}).values()))
+                assert score.value == ("C" if farm == "PASSED" else "I"), (task, sample.epoch)
+            expected = "PASSED" if task == "farm_task" else "FAILED"
+            assert {a.outcome for a in mine} == {expected}, (task, [a.outcome for a in mine])

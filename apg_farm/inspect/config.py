@@ -54,12 +54,22 @@ class ApgConfig(BaseModel):
         return pool_key(self.fixtures)
 
     def sweep_name(self, run_id: str | None, task_name: str) -> str:
-        """The configured sweep, else one per Inspect run (its id), else per task."""
+        """The configured sweep, else one per Inspect run (its eval set's id, which its retries
+        keep, or its run id), else per task. The sweep belongs to the Inspect task whose sample
+        made it; another task of the run gets `task_sweep_name` (sample_bed.py)."""
         if self.sweep:
             return self.sweep
-        tail = run_id or task_name
-        name = "inspect-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in tail)
-        return name[:100]
+        return ("inspect-" + _safe(run_id or task_name))[:100]
+
+
+def task_sweep_name(sweep: str, task_name: str) -> str:
+    """The sweep of an Inspect task whose run's sweep another of its tasks holds: the same
+    (APG task, model, epoch) of two Inspect tasks are two attempts, counted in two sweeps."""
+    return f"{sweep[: 99 - min(len(task_name), 40)]}.{_safe(task_name)[:40]}"
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)
 
 
 def parse_config(data: Any, *, source: str = "apg sandbox config") -> ApgConfig:

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from apg_farm.contract import Usage
-from apg_farm.errors import FarmError
+from apg_farm.errors import BadInput, FarmError
 from apg_farm.inspect import container
-from apg_farm.inspect.config import ApgConfig
+from apg_farm.inspect.config import ApgConfig, task_sweep_name
 from apg_farm.specs import SweepSpec
 from apg_farm.store import (
     Bed,
@@ -30,6 +30,7 @@ from apg_farm.store import (
     HarnessAttempt,
     Refusal,
     Store,
+    SweepOwned,
     Why,
     cancel_attempt,
     open_harness_attempt,
@@ -81,6 +82,33 @@ class SampleKey:
         )
 
 
+def _open_attempt(store: Store, config: ApgConfig, key: SampleKey) -> HarnessAttempt:
+    """The sample's attempt, in the run's sweep, or in a sweep of its Inspect task's own when
+    another task of the run holds that one (two tasks over the same APG tasks and models)."""
+    owner = key.record.get("inspect_task") or None
+    names = [key.sweep] if owner is None else [key.sweep, task_sweep_name(key.sweep, owner)]
+    for name in names:
+        try:
+            return open_harness_attempt(
+                store,
+                key.spec(config).model_copy(update={"name": name}),
+                driver=DRIVER,
+                task=key.task,
+                model=key.model,
+                trial=key.trial,
+                meta={"driver": DRIVER, **dict(key.record)},
+                owner=owner,
+            )
+        except SweepOwned as held:
+            last = held
+    raise BadInput(
+        f"apg sandbox: Inspect task {owner!r}: sweeps {', '.join(names)} hold another task's "
+        f"samples ({last.owner!r})",
+        field="sweep",
+        fix="name a sweep of its own in the sandbox config (sweep:)",
+    )
+
+
 def worker_name() -> str:
     return f"inspect@{socket.gethostname()}:{os.getpid()}"
 
@@ -128,15 +156,7 @@ class SampleBed:
         SampleRefused or NoBedReady (after the farm recorded what happened). `stop` set (the
         sample was cancelled) ends the wait for a bed, and a bed taken meanwhile is let go."""
         stop = stop or threading.Event()
-        attempt = open_harness_attempt(
-            store,
-            key.spec(config),
-            driver=DRIVER,
-            task=key.task,
-            model=key.model,
-            trial=key.trial,
-            meta={"driver": DRIVER, **dict(key.record)},
-        )
+        attempt = _open_attempt(store, config, key)
         engine, claim = _claim(store, config, attempt, stop)
         found: list[str] = []
         handover = HandOver(

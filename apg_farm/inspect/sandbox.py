@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
 
@@ -28,7 +29,7 @@ from inspect_ai.util import (
     sandboxenv,
 )
 from pydantic import BaseModel
-from sqlalchemy import func, select
+from sqlalchemy import select
 from typing_extensions import override
 
 from apg_farm.contract import Usage
@@ -101,15 +102,22 @@ class ApgSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     def default_concurrency(cls) -> int | None:
-        """As many samples at once as the default store has active beds (None: no limit)."""
+        """As many samples at once as a pool of the farm's store has ready beds (None: no
+        limit). Inspect asks before it hands the provider its config, so the store is the one
+        the farm's settings name (APG_FARM_DATABASE_URL, else APG_FARM_HOME's), opened only if
+        it exists (never made here), and the pool the largest: `--max-sandboxes` says less. A
+        sample beyond the pool's beds waits for one (`wait_for_bed`), never runs twice."""
         try:
-            with store_for(ApgConfig()).read() as session:
-                count = session.scalar(
-                    select(func.count()).select_from(Bed).where(Bed.state == BedState.ACTIVE)
-                )
+            url = load_settings().resolved_database_url()
+            store = Store(url, create=False, upgrade=False)
+        except Exception:
+            return None  # no store yet, or a URL it cannot open: task_init says so clearly
+        try:
+            return ready_beds_of_largest_pool(store)
         except Exception:
             return None
-        return int(count) if count else None
+        finally:
+            store.dispose()
 
     @override
     @classmethod
@@ -360,6 +368,26 @@ def _cancel_pending() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+def _ready(bed: Bed) -> bool:
+    """A bed the farm would run a sample on: active, escrowed, fingerprinted, with a web
+    container for the sample's commands."""
+    return bool(
+        bed.state == BedState.ACTIVE
+        and bed.web_container
+        and bed.escrow_set
+        and bed.escrow_files
+        and bed.ddev_files is not None
+    )
+
+
+def ready_beds_of_largest_pool(store: Store) -> int | None:
+    """The ready beds of the pool that has most (None when there are none)."""
+    with store.read() as session:
+        beds = list(session.scalars(select(Bed).where(Bed.state == BedState.ACTIVE)))
+    per_pool = Counter(b.pool for b in beds if _ready(b))
+    return max(per_pool.values()) if per_pool else None
+
+
 def check_pool(store: Store, config: ApgConfig) -> None:
     """The pool has an active bed the farm would run a sample on (escrowed, fingerprinted, with
     a web container for the sample's commands)."""
@@ -368,15 +396,7 @@ def check_pool(store: Store, config: ApgConfig) -> None:
         if config.beds:
             query = query.where(Bed.name.in_(config.beds))
         beds = list(session.scalars(query))
-    ready = [
-        b
-        for b in beds
-        if b.state == BedState.ACTIVE
-        and b.web_container
-        and b.escrow_set
-        and b.escrow_files
-        and b.ddev_files is not None
-    ]
+    ready = [b for b in beds if _ready(b)]
     if ready:
         return
     seen = ", ".join(f"{b.name} ({b.state})" for b in beds) or "none"
@@ -405,15 +425,20 @@ def sample_key(config: ApgConfig, task_name: str, metadata: dict[str, Any]) -> S
         ) from None
     dataset = metadata.get("apg_dataset") or config.dataset
     run_id = active.run_id if active is not None else None
+    # An eval set's retries run under new run ids but the same eval set id: its samples resume
+    # their attempts in the sweep the first try made.
+    eval_set_id = getattr(active, "eval_set_id", None) if active is not None else None
     record = {"inspect_task": task_name, "sample_id": str(metadata.get("__sample_id__", ""))}
     if active is not None:
         record["eval_id"] = active.eval_id
         record["prompt_sha256"] = prompt_sha256(active.sample.input)
         if run_id:
             record["run_id"] = run_id
+        if eval_set_id:
+            record["eval_set_id"] = str(eval_set_id)
     try:
         SweepSpec(
-            name=config.sweep_name(run_id, task_name),
+            name=config.sweep_name(eval_set_id or run_id, task_name),
             tasks=[task],
             models=[model],
             trials=trial,
@@ -429,7 +454,7 @@ def sample_key(config: ApgConfig, task_name: str, metadata: dict[str, Any]) -> S
             "digits and . _ @ = : / -",
         ) from None
     return SampleKey(
-        sweep=config.sweep_name(run_id, task_name),
+        sweep=config.sweep_name(eval_set_id or run_id, task_name),
         task=task,
         model=model,
         trial=trial,

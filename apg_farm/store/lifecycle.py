@@ -59,7 +59,7 @@ from apg_farm.contract import (
     lost_kind,
     rerun_kind_of,
 )
-from apg_farm.errors import BadInput, NotFound
+from apg_farm.errors import BadInput, FarmError, NotFound
 from apg_farm.specs import SweepSpec
 from apg_farm.store.canaries import (
     CANARY,
@@ -741,8 +741,13 @@ def open_harness_attempt(
     model: str,
     trial: int,
     meta: dict[str, Any] | None = None,
+    owner: str | None = None,
 ) -> HarnessAttempt:
     """The sweep of a harness's run (made on its first sample) and the attempt of one sample.
+
+    `owner`: the harness's own task the sample belongs to (an Inspect task). A sweep belongs to
+    the owner that made it: another owner's samples over the same (task, model, trial) would be
+    the same attempts, so they raise SweepOwned, and the harness names a sweep of their own.
 
     Exactly the (task, model, trial) the harness runs is added, never the cross product a
     submitted sweep expands to: the harness decides what runs. The sweep's spec grows with it
@@ -750,7 +755,11 @@ def open_harness_attempt(
     Safe to repeat: a sample the harness starts again finds its attempt as the farm left it.
     """
     with store.session() as session:
-        sweep = _harness_sweep(session, spec, driver=driver, meta=meta)
+        made_by = {**(meta or {}), **({"owner": owner} if owner is not None else {})}
+        sweep = _harness_sweep(session, spec, driver=driver, meta=made_by or None)
+        held_by = sweep_owner(sweep)
+        if owner is not None and held_by is not None and held_by != owner:
+            raise SweepOwned(sweep.name, held_by)
         if sweep.driver != driver:
             raise BadInput(
                 f"sweep {spec.name!r} exists and is driven by {sweep.driver or 'the farm'}",
@@ -811,6 +820,22 @@ def open_harness_attempt(
             sweep.spec_sha256 = grown.digest()
             session.flush()
         return HarnessAttempt(sweep.id, sweep.name, row.id, row.state, row.outcome)
+
+
+class SweepOwned(FarmError):
+    """A harness's sweep that another of its tasks made (open_harness_attempt's `owner`)."""
+
+    def __init__(self, sweep: str, owner: str) -> None:
+        super().__init__(f"sweep {sweep!r} holds the samples of {owner!r}")
+        self.sweep, self.owner = sweep, owner
+
+
+def sweep_owner(sweep: Sweep) -> str | None:
+    """The harness task a harness's sweep belongs to; sweeps made before owners were recorded
+    name their Inspect task in `meta` (the first sample's)."""
+    meta = sweep.meta or {}
+    found = meta.get("owner", meta.get("inspect_task"))
+    return str(found) if found else None
 
 
 def cancel_attempt(store: Store, attempt_id: int, reason: str) -> bool:

@@ -123,6 +123,17 @@ def scripted_agent(script: str | None = None) -> Solver:
 
 @task
 def farm_task(script: str | None = None, tasks: str = "") -> Task:
+    return _farm_task(script, tasks)
+
+
+@task
+def farm_task_idle(script: str | None = None, tasks: str = "") -> Task:
+    """The same samples (APG ids, models, epochs) with an agent that does nothing: a second
+    Inspect task over the first one's ids, as two solvers compared in one run are (#32)."""
+    return _farm_task("idle", tasks)
+
+
+def _farm_task(script: str | None, tasks: str) -> Task:
     config = load_config(os.environ.get("APG_FARM_INSPECT_CONFIG"))
     dataset = apg_dataset(
         "droost_build_tasks", bed=os.environ["APG_FARM_INSPECT_BED"], config=config
