@@ -468,3 +468,37 @@ def test_two_inspect_tasks_sharing_apg_ids_in_one_run_are_each_scored(tmp_path: 
                 assert score.value == ("C" if farm == "PASSED" else "I"), (task, sample.epoch)
             expected = "PASSED" if task == "farm_task" else "FAILED"
             assert {a.outcome for a in mine} == {expected}, (task, [a.outcome for a in mine])
+
+
+@pytest.mark.slow
+def test_a_broken_private_inspect_api_never_holds_a_bed(tmp_path: Path) -> None:
+    """#32: the private Inspect APIs the provider reads as a sample ends (its metered usage, its
+    transcript: apg_farm/inspect/private.py) raise, as after an Inspect upgrade that moved them.
+    Each sample is judged all the same (the build PASSED), its bed is free as the eval ends, and
+    the record says what failed, naming Inspect's version."""
+    broken = "apg_farm.inspect.private:sample_model_usage,apg_farm.inspect.private:transcript"
+    started = time.monotonic()
+    with _one_task_eval(tmp_path, "ib", "build", "broken", APG_FARM_TEST_BREAK_INSPECT=broken) as (
+        store,
+        done,
+    ):
+        elapsed = time.monotonic() - started
+        attempts, executions, _ = _rows(store, "broken")
+        assert sorted((a.model, a.outcome) for a in attempts) == [
+            ("mockllm/strong", "PASSED"),
+            ("mockllm/weak", "PASSED"),
+        ], done.stdout[-2000:] + done.stderr[-2000:]
+        with store.read() as session:
+            assert session.scalar(select(Attempt).where(Attempt.state == "running")) is None
+        judged = [e for e in executions if e.agent_started]
+        assert judged and all(
+            (e.adapter_status or "").endswith("usage unreadable") for e in judged
+        ), [e.adapter_status for e in judged]
+        assert all("inspect" in (e.adapter_status or "") for e in judged)
+        # Far from `timeouts.run` (600 s here): nothing waited for a lease to run out.
+        assert elapsed < 300, elapsed
+        # Inspect's log keeps the provider's warning in the sample's events.
+        logs = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
+        events = [e.model_dump_json() for log in logs for s in log.samples or [] for e in s.events]
+        for api in ("sample_model_usage", "transcript"):
+            assert any(f"{api} failed under inspect_ai" in e for e in events), api

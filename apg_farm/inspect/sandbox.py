@@ -12,6 +12,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from typing_extensions import override
 
 from apg_farm.contract import Usage
 from apg_farm.errors import BadInput
-from apg_farm.inspect import container
+from apg_farm.inspect import container, private
 from apg_farm.inspect.config import ApgConfig, load_config, parse_config
 from apg_farm.inspect.sample_bed import SampleBed, SampleKey
 from apg_farm.secret_env import set_non_dumpable
@@ -315,25 +316,58 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         )
 
 
+def inspect_version() -> str:
+    try:
+        from inspect_ai import __version__
+
+        return str(__version__)
+    except Exception:
+        return "unknown"
+
+
+def _private_api_failed(name: str, error: BaseException) -> str:
+    """Say (in Inspect's log) that a private Inspect API the provider reads failed; the sample
+    goes on without what it gave. The text, for the farm's record."""
+    said = (
+        f"apg sandbox: Inspect's {name} failed under inspect_ai {inspect_version()} "
+        f"({type(error).__name__}: {error}); the sample is judged without it"
+    )
+    logging.getLogger(__name__).warning(said)
+    return said
+
+
 def sample_usage() -> Usage | None:
     """What the current sample's model calls cost, as Inspect metered them (all models summed);
-    the cost only when Inspect priced every one."""
-    from inspect_ai.model._model import sample_model_usage
+    the cost only when Inspect priced every one. A private API of Inspect: if it fails (Inspect
+    changed), the attempt is judged all the same, its usage status naming what failed."""
+    try:
+        metered = list(private.sample_model_usage().values())
+        if not metered:
+            return None
+        costs = [u.total_cost for u in metered]
+        return Usage(
+            cost_usd=sum(c for c in costs if c is not None)
+            if all(c is not None for c in costs)
+            else None,
+            input_tokens=sum(u.input_tokens for u in metered),
+            output_tokens=sum(u.output_tokens for u in metered),
+            cache_read_tokens=sum(u.input_tokens_cache_read or 0 for u in metered),
+            cache_write_tokens=sum(u.input_tokens_cache_write or 0 for u in metered),
+            status="inspect",
+        )
+    except Exception as error:
+        _private_api_failed("sample_model_usage", error)
+        return Usage(status=f"inspect {inspect_version()}: usage unreadable"[:64])
 
-    metered = list(sample_model_usage().values())
-    if not metered:
+
+def active_sample() -> Any | None:
+    """Inspect's running sample (its model, epoch, ids), or None outside an eval or when the
+    private API moved (then the sample's metadata must name its model: sample_key)."""
+    try:
+        return private.sample_active()
+    except Exception as error:
+        _private_api_failed("sample_active", error)
         return None
-    costs = [u.total_cost for u in metered]
-    return Usage(
-        cost_usd=sum(c for c in costs if c is not None)
-        if all(c is not None for c in costs)
-        else None,
-        input_tokens=sum(u.input_tokens for u in metered),
-        output_tokens=sum(u.output_tokens for u in metered),
-        cache_read_tokens=sum(u.input_tokens_cache_read or 0 for u in metered),
-        cache_write_tokens=sum(u.input_tokens_cache_write or 0 for u in metered),
-        status="inspect",
-    )
 
 
 def model_answered() -> bool | None:
@@ -344,11 +378,11 @@ def model_answered() -> bool | None:
     eval, or a solver that never called a model: nothing shows a call was refused)."""
     try:
         from inspect_ai.event import ModelEvent, ToolEvent
-        from inspect_ai.log._transcript import transcript
 
-        current = transcript()
+        current = private.transcript()
         events = list(current.events)
-    except Exception:  # Inspect's internals moved: the farm cannot tell
+    except Exception as error:  # Inspect's internals moved: the farm cannot tell
+        _private_api_failed("transcript", error)
         return None
     if getattr(current, "_events_truncated", True):
         return None
@@ -411,9 +445,7 @@ def check_pool(store: Store, config: ApgConfig) -> None:
 def sample_key(config: ApgConfig, task_name: str, metadata: dict[str, Any]) -> SampleKey:
     """Which attempt a sample is: its APG task (metadata `apg_task`, else the sample id), its
     model and epoch (from the sample Inspect is running), its dataset."""
-    from inspect_ai.log._samples import sample_active
-
-    active = sample_active()
+    active = active_sample()
     task = str(metadata.get("apg_task") or metadata.get("__sample_id__") or "")
     model = active.model if active is not None else str(metadata.get("apg_model") or "")
     try:

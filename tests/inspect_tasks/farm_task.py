@@ -133,7 +133,24 @@ def farm_task_idle(script: str | None = None, tasks: str = "") -> Task:
     return _farm_task("idle", tasks)
 
 
+#: Private Inspect APIs the provider reads, broken here ("module:name,...") as a newer Inspect
+#: could break them: the provider must judge the sample and free the bed all the same (#32).
+BREAK_VARIABLE = "APG_FARM_TEST_BREAK_INSPECT"
+
+
+def _break_private_apis() -> None:
+    import importlib
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("this Inspect has no such API (broken by the test)")
+
+    for spec in filter(None, os.environ.get(BREAK_VARIABLE, "").split(",")):
+        module, name = spec.split(":")
+        setattr(importlib.import_module(module), name, broken)
+
+
 def _farm_task(script: str | None, tasks: str) -> Task:
+    _break_private_apis()
     config = load_config(os.environ.get("APG_FARM_INSPECT_CONFIG"))
     dataset = apg_dataset(
         "droost_build_tasks", bed=os.environ["APG_FARM_INSPECT_BED"], config=config

@@ -1,0 +1,50 @@
+"""Each private Inspect API the `apg` sandbox reads (apg_farm/inspect/private.py), broken as an
+Inspect upgrade could break it: the provider goes on without what it gave, says so naming the
+Inspect version, and never raises out of the calls that end a sample. The same, end to end on a
+container bed: tests/test_inspect_eval.py::test_a_broken_private_inspect_api_never_holds_a_bed."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from apg_farm.errors import BadInput
+from apg_farm.inspect import private
+from apg_farm.inspect.config import ApgConfig
+from apg_farm.inspect.sandbox import inspect_version, model_answered, sample_key, sample_usage
+
+
+def _broken(*args: object) -> object:
+    raise AttributeError("moved in a newer Inspect")
+
+
+def test_usage_and_answer_unreadable_are_said_not_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(private, "sample_model_usage", _broken)
+    monkeypatch.setattr(private, "transcript", _broken)
+    with caplog.at_level(logging.WARNING):
+        usage = sample_usage()
+        answered = model_answered()
+    assert usage is not None and usage.status == f"inspect {inspect_version()}: usage unreadable"
+    assert usage.cost_usd is None and usage.input_tokens is None
+    assert answered is None
+    for api in ("sample_model_usage", "transcript"):
+        assert f"{api} failed under inspect_ai {inspect_version()}" in caplog.text
+
+
+def test_without_the_active_sample_the_metadata_names_the_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(private, "sample_active", _broken)
+    config = ApgConfig(dataset="droost_build_tasks")
+    key = sample_key(
+        config,
+        "farm_task",
+        {"__sample_id__": "dv01_view_build", "apg_model": "m/a", "apg_trial": 2},
+    )
+    assert (key.task, key.model, key.trial) == ("dv01_view_build", "m/a", 2)
+    # No model anywhere: the sample is refused before a bed is claimed, in one line.
+    with pytest.raises(BadInput, match="model"):
+        sample_key(config, "farm_task", {"__sample_id__": "dv01_view_build"})
