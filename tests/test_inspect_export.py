@@ -109,25 +109,31 @@ def test_task_init_refuses_a_pool_without_a_bed_the_farm_would_use(tmp_path: Pat
 
     url = f"sqlite:///{tmp_path / 'farm.db'}"
     config = parse_config({"database_url": url, "fixtures": ["kb_docs", "canvas_home"]})
-    with pytest.raises(
-        BadInput, match="no active, escrowed bed with a web container in pool"
-    ) as raised:
+    with pytest.raises(BadInput, match=r"no bed of pool .* can take a sample") as raised:
         anyio.run(ApgSandboxEnvironment.task_init, "t", config)
-    assert raised.value.field == "fixtures"
+    assert raised.value.field == "fixtures" and "the pool has no bed" in str(raised.value)
     store = Store(url)
     bed = add_bed(store, "b1")
     with store.session() as session:
         from apg_farm.store import Bed
 
         session.get_one(Bed, bed).state = "quarantined"
-    with pytest.raises(BadInput, match=r"b1 \(quarantined\)"):
+    with pytest.raises(BadInput, match=r"b1: quarantined"):
         anyio.run(ApgSandboxEnvironment.task_init, "t", config)
     with store.session() as session:
         row = session.get_one(Bed, bed)
         row.state, row.web_container = "active", False
-    # A host-only bed has no container for the sample's commands.
-    with pytest.raises(BadInput, match=r"b1 \(active\)"):
+    # A host-only bed has no container for the sample's commands: said so.
+    with pytest.raises(BadInput, match=r"b1: host-only"):
         anyio.run(ApgSandboxEnvironment.task_init, "t", config)
+    # A bed the config names that is not in the pool, or not enrolled at all: named.
+    add_bed(store, "elsewhere", "other_pool")
+    named = parse_config({**config.model_dump(), "beds": ["b1", "nope", "elsewhere"]})
+    with pytest.raises(BadInput) as raised:
+        anyio.run(ApgSandboxEnvironment.task_init, "t", named)
+    said = str(raised.value)
+    assert raised.value.field == "beds" and "nope: not enrolled" in said, said
+    assert "elsewhere: in pool other_pool" in said and "b1: host-only" in said, said
     with store.session() as session:
         session.get_one(Bed, bed).web_container = True
     anyio.run(ApgSandboxEnvironment.task_init, "t", config)

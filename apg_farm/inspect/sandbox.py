@@ -424,22 +424,43 @@ def ready_beds_of_largest_pool(store: Store) -> int | None:
 
 def check_pool(store: Store, config: ApgConfig) -> None:
     """The pool has an active bed the farm would run a sample on (escrowed, fingerprinted, with
-    a web container for the sample's commands)."""
+    a web container for the sample's commands); if not, one line naming each bed and why."""
     with store.read() as session:
         query = select(Bed).where(Bed.pool == config.pool)
         if config.beds:
             query = query.where(Bed.name.in_(config.beds))
         beds = list(session.scalars(query))
-    ready = [b for b in beds if _ready(b)]
-    if ready:
+        if config.beds:
+            elsewhere = {
+                b.name: b.pool
+                for b in session.scalars(select(Bed).where(Bed.name.in_(config.beds)))
+            }
+    if any(_ready(b) for b in beds):
         return
-    seen = ", ".join(f"{b.name} ({b.state})" for b in beds) or "none"
+    why = [f"{b.name}: {_unready(b)}" for b in beds]
+    for name in config.beds or []:
+        if name not in {b.name for b in beds}:
+            pool = elsewhere.get(name)
+            why.append(f"{name}: {'in pool ' + pool if pool else 'not enrolled'}")
     raise BadInput(
-        f"apg sandbox: no active, escrowed bed with a web container in pool {config.pool} "
-        f"(beds: {seen})",
-        field="fixtures",
-        fix="enrol beds with `apg-farm bed add` after `ai-eval-escrow`; `apg-farm bed list` shows the pool",
+        f"apg sandbox: no bed of pool {config.pool} can take a sample "
+        f"({'; '.join(why) or 'the pool has no bed'})",
+        field="beds" if config.beds else "fixtures",
+        fix="enrol beds with `apg-farm bed add` after `ai-eval-escrow` (container beds: the "
+        "sandbox runs the agent's commands in the web container); `apg-farm bed list` shows "
+        "every bed's pool and state",
     )
+
+
+def _unready(bed: Bed) -> str:
+    """Why the sandbox cannot use a bed (see _ready)."""
+    if bed.state != BedState.ACTIVE:
+        return str(bed.state)
+    if not bed.web_container:
+        return "host-only (no web container to run the agent's commands in)"
+    if not (bed.escrow_set and bed.escrow_files):
+        return "never escrowed (`ddev ai-eval-escrow`, then `apg-farm bed add` again)"
+    return "its DDEV files were never fingerprinted (`apg-farm bed add` again)"
 
 
 def sample_key(config: ApgConfig, task_name: str, metadata: dict[str, Any]) -> SampleKey:
