@@ -138,3 +138,18 @@ def test_task_init_refuses_a_pool_without_a_bed_the_farm_would_use(tmp_path: Pat
         session.get_one(Bed, bed).web_container = True
     anyio.run(ApgSandboxEnvironment.task_init, "t", config)
     store.dispose()
+
+
+def test_a_bad_database_url_of_the_sandbox_config_is_named_as_such(tmp_path: Path) -> None:
+    """#32: the URL came from the sandbox's YAML, so the error names that key, not the farm's
+    APG_FARM_DATABASE_URL the user never set."""
+    import anyio
+
+    from apg_farm.inspect.sandbox import ApgSandboxEnvironment
+
+    config = parse_config({"database_url": "mysql://farm@db/farm"})
+    with pytest.raises(BadInput) as raised:
+        anyio.run(ApgSandboxEnvironment.task_init, "t", config)
+    said = str(raised.value)
+    assert raised.value.field == "database_url of the apg sandbox config", said
+    assert "APG_FARM_DATABASE_URL" not in said and "SQLite or PostgreSQL" in said, said

@@ -34,7 +34,7 @@ from sqlalchemy import select
 from typing_extensions import override
 
 from apg_farm.contract import Usage
-from apg_farm.errors import BadInput
+from apg_farm.errors import BadInput, FarmError
 from apg_farm.inspect import container, private
 from apg_farm.inspect.config import ApgConfig, load_config, parse_config
 from apg_farm.inspect.sample_bed import SampleBed, SampleKey
@@ -54,7 +54,18 @@ _STORES: dict[str, Store] = {}
 def store_for(config: ApgConfig) -> Store:
     url = config.database_url or load_settings().resolved_database_url()
     if url not in _STORES:
-        _STORES[url] = Store(url)
+        try:
+            _STORES[url] = Store(url)
+        except FarmError as error:
+            if config.database_url is None:
+                raise
+            # The URL came from the sandbox's config: name that, not the farm's variable.
+            where = "database_url of the apg sandbox config"
+            raise type(error)(
+                error.message,
+                field=where,
+                fix=(error.fix or "").replace("APG_FARM_DATABASE_URL", where) or None,
+            ) from None
     return _STORES[url]
 
 
