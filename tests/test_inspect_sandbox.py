@@ -75,6 +75,24 @@ def sandbox_env(held: HeldSample, request: pytest.FixtureRequest) -> SandboxEnvi
     return held.env
 
 
+async def test_connect_opens_a_shell_in_the_leased_container(held: HeldSample) -> None:
+    """#32: `inspect sandbox connect`'s command is a login shell in the leased bed's web
+    container (run here with its input piped rather than a terminal)."""
+    import shlex
+    import subprocess
+
+    connection = await held.env.connection()
+    assert connection.type == "apg" and connection.container == held.env.bed.container
+    argv = shlex.split(connection.command)
+    assert argv[:3] == ["docker", "exec", "-it"] and "bash" in argv
+    argv[2] = "-i"  # no terminal in a test
+    done = subprocess.run(
+        argv, input="echo connected-$((40 + 2)); pwd\n", capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "connected-42" in done.stdout and "/var/www/html" in done.stdout, done.stdout
+
+
 async def test_the_checks_ran_as_a_farm_attempt_on_a_leased_bed(held: HeldSample) -> None:
     """After every check: the sample is the farm's attempt, judged by the farm's phases."""
     report = await held.env.judge()

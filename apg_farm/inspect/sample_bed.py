@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
@@ -36,6 +37,9 @@ from apg_farm.store import (
     open_harness_attempt,
 )
 from apg_farm.transports import CommandResult
+
+if TYPE_CHECKING:
+    from apg_farm.transports.ssh import SshTarget
 from apg_farm.workers import AttemptEngine, AttemptReport, HandOver, Seat
 
 #: The sweeps of Inspect runs: no farm worker claims their attempts (store/claims.py).
@@ -137,6 +141,13 @@ class SampleBed:
     @property
     def bed_name(self) -> str:
         return self.engine.bed_name
+
+    def ssh_target(self) -> SshTarget | None:
+        """The bed's host when it is reached over SSH (None: this host)."""
+        from apg_farm.transports.ssh import SshTransport
+
+        transport = self.engine.transport
+        return transport.target if isinstance(transport, SshTransport) else None
 
     @property
     def seat(self) -> Seat:

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import logging
+import shlex
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -22,6 +23,7 @@ import anyio
 from inspect_ai.util import (
     ExecResult,
     OutputLimitExceededError,
+    SandboxConnection,
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
     SandboxEnvironmentLimits,
@@ -218,6 +220,20 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         with anyio.CancelScope(shield=True):
             report = await _in_thread(lambda: self.bed.finish(usage, answered=answered))
         return report
+
+    @override
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        """`inspect sandbox connect`: a shell in the leased bed's web container, from its host
+        (over SSH for a remote bed). The bed stays leased to the sample meanwhile."""
+        words = container.exec_argv(self.bed.container, ["bash", "-l"], user=user)
+        local = ["docker", "exec", "-it", *words[3:]]  # --interactive with a terminal
+        command = shlex.join(local)
+        target = self.bed.ssh_target()
+        if target is not None:
+            command = shlex.join(
+                ["ssh", "-t", "-p", str(target.port), f"{target.user}@{target.host}", command]
+            )
+        return SandboxConnection(type="apg", command=command, container=self.bed.container)
 
     # -- commands in the web container ---------------------------------------------------------
 
