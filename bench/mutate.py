@@ -716,6 +716,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if p < 0:",
         "tests/test_exclusions.py::test_compare_bounds_each_side_and_warns_when_they_differ",
     ),
+    m(
+        "harness-sweep-any-owner",
+        "apg_farm/store/lifecycle.py",
+        "        if owner is not None and held_by is not None and held_by != owner:",
+        "        if owner is not None and held_by is not None and held_by == owner + '?':",
+        "tests/test_harness_sweeps.py::test_two_inspect_tasks_over_the_same_ids_are_two_sweeps_each_counted_once",
+    ),
+    m(
+        "inspect-usage-unguarded",
+        "apg_farm/inspect/sandbox.py",
+        '        _private_api_failed("sample_model_usage", error)\n',
+        "        raise\n",
+        "tests/test_inspect_private_api.py::test_usage_and_answer_unreadable_are_said_not_raised",
+    ),
 )
 
 
