@@ -62,7 +62,7 @@ def _panel(
         (v for values in series.values() for v in values if v is not None), default=0
     )
     peak = peak or 1.0
-    label = "100%" if percent else (f"{peak:.0f}" if peak >= 10 else f"{peak:.1f}")
+    label = "100%" if percent else (f"{peak:.0f}" if peak >= 10 else f"{peak:.2g}")
     parts = [
         f'<g class="panel" data-panel="{escape(title)}">',
         f'<text x="{_LEFT}" y="{top - 8}" font-weight="600">{escape(title)}</text>',
