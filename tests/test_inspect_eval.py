@@ -442,7 +442,8 @@ def test_two_inspect_tasks_sharing_apg_ids_in_one_run_are_each_scored(tmp_path: 
             ["-T", "script=build", "-T", "tasks=dv01_view_build", "--epochs", "2"],
             sweep="twins",
         )
-        argv[2:3] = [f"{argv[2]}@farm_task", f"{argv[2]}@farm_task_idle"]
+        idle = TASK_FILE.with_name("farm_task_idle.py").relative_to(ROOT)
+        argv[2:3] = [f"{argv[2]}@farm_task", f"{idle}@farm_task_idle"]
         done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

@@ -36,10 +36,10 @@ from apg_farm.store import (
     cancel_attempt,
     open_harness_attempt,
 )
-from apg_farm.transports import CommandResult
+from apg_farm.transports import CommandResult, LocalTransport
 
 if TYPE_CHECKING:
-    from apg_farm.transports.ssh import SshTarget
+    from apg_farm.transports import SshTarget
 from apg_farm.workers import AttemptEngine, AttemptReport, HandOver, Seat
 
 #: The sweeps of Inspect runs: no farm worker claims their attempts (store/claims.py).
@@ -144,9 +144,11 @@ class SampleBed:
 
     def ssh_target(self) -> SshTarget | None:
         """The bed's host when it is reached over SSH (None: this host)."""
-        from apg_farm.transports.ssh import SshTransport
-
         transport = self.engine.transport
+        if isinstance(transport, LocalTransport):
+            return None  # paramiko is not loaded for a local bed
+        from apg_farm.transports import SshTransport
+
         return transport.target if isinstance(transport, SshTransport) else None
 
     @property

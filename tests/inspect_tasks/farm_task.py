@@ -123,14 +123,7 @@ def scripted_agent(script: str | None = None) -> Solver:
 
 @task
 def farm_task(script: str | None = None, tasks: str = "") -> Task:
-    return _farm_task(script, tasks)
-
-
-@task
-def farm_task_idle(script: str | None = None, tasks: str = "") -> Task:
-    """The same samples (APG ids, models, epochs) with an agent that does nothing: a second
-    Inspect task over the first one's ids, as two solvers compared in one run are (#32)."""
-    return _farm_task("idle", tasks)
+    return farm_task_of(script, tasks)
 
 
 #: Private Inspect APIs the provider reads, broken here ("module:name,...") as a newer Inspect
@@ -149,7 +142,7 @@ def _break_private_apis() -> None:
         setattr(importlib.import_module(module), name, broken)
 
 
-def _farm_task(script: str | None, tasks: str) -> Task:
+def farm_task_of(script: str | None, tasks: str) -> Task:
     _break_private_apis()
     config = load_config(os.environ.get("APG_FARM_INSPECT_CONFIG"))
     dataset = apg_dataset(
