@@ -6,6 +6,8 @@ container bed: tests/test_inspect_eval.py::test_a_broken_private_inspect_api_nev
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +50,45 @@ def test_without_the_active_sample_the_metadata_names_the_model(
     # No model anywhere: the sample is refused before a bed is claimed, in one line.
     with pytest.raises(BadInput, match="model"):
         sample_key(config, "farm_task", {"__sample_id__": "dv01_view_build"})
+
+
+def test_a_refused_sandbox_config_is_one_paragraph_in_inspects_output(tmp_path: Path) -> None:
+    """#32: `inspect eval` with a config the farm refuses (a bed that is not enrolled) prints the
+    farm's message, naming the bed and the fix, without a Python traceback; exit 1."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "apg.yaml"
+    config.write_text(f"database_url: sqlite:///{tmp_path / 'farm.db'}\nbeds: [nope]\n")
+    task = tmp_path / "t.py"
+    task.write_text(
+        "from inspect_ai import Task, task\n"
+        "from inspect_ai.dataset import Sample\n\n\n"
+        "@task\n"
+        "def t() -> Task:\n"
+        "    return Task(dataset=[Sample(input='x', id='dv01_view_build')], "
+        f"sandbox=('apg', {str(config)!r}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
+    env.update(APG_FARM_HOME=str(tmp_path / "home"), NO_COLOR="1", INSPECT_DISPLAY="plain")
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("inspect")),
+            "eval",
+            task.name,
+            "--model",
+            "mockllm/model",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, said
+    assert "Traceback" not in said, said
+    assert "beds: apg sandbox: no bed of pool" in said and "nope: not enrolled" in said, said
+    assert "apg-farm bed add" in said, said

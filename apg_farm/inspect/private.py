@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from apg_farm.errors import FarmError
+
 
 def sample_model_usage() -> dict[str, Any]:
     """The current sample's model usage per model, as Inspect metered it."""
@@ -29,3 +31,29 @@ def transcript() -> Any:
     from inspect_ai.log._transcript import transcript as current
 
     return current()
+
+
+def config_error(error: FarmError) -> FarmError:
+    """`error` as Inspect prints a prerequisite: its text in one paragraph, no traceback (its
+    PrerequisiteError), still the farm's error for a caller that catches it. `error` itself if
+    Inspect moved that class."""
+    try:
+        from inspect_ai._util.error import PrerequisiteError
+        from rich.markup import escape
+    except Exception:
+        return error
+    kind = _prerequisite(type(error), PrerequisiteError)
+    shown = kind(error.message, field=error.field, fix=error.fix)
+    shown.message = escape(error.render())  # what Inspect prints (Rich markup: escaped)
+    return shown
+
+
+#: One class per farm error kind, made once: the farm's error first (its constructor and
+#: fields), Inspect's PrerequisiteError second (how Inspect prints it).
+_KINDS: dict[type[FarmError], type[FarmError]] = {}
+
+
+def _prerequisite(kind: type[FarmError], prerequisite: type[Exception]) -> type[FarmError]:
+    if kind not in _KINDS:
+        _KINDS[kind] = type(f"Inspect{kind.__name__}", (kind, prerequisite), {})
+    return _KINDS[kind]

@@ -141,8 +141,11 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         model providers' keys, so no other process of its user may read its environ or memory
         (its environment block itself stays as Inspect started it: docs/operations.md)."""
         set_non_dumpable()
-        settings = load_config(config)
-        await _in_thread(lambda: check_pool(store_for(settings), settings))
+        try:
+            settings = load_config(config)
+            await _in_thread(lambda: check_pool(store_for(settings), settings))
+        except FarmError as error:
+            raise private.config_error(error) from None
 
     @override
     @classmethod
