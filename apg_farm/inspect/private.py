@@ -1,4 +1,5 @@
-"""Every private Inspect API the `apg` sandbox reads, in one place: what a newer Inspect may move
+"""Every private Inspect API the `apg` sandbox uses (three readings, and the error class Inspect
+prints without a traceback), in one place: what a newer Inspect may move
 or change without notice. Each is called through this module (`private.NAME()`), so a test can
 break one as an upgrade would; the callers guard each call (sandbox.py) so that a failure costs
 the sample what it gave (its usage, whether the model answered), never the bed's lease.
