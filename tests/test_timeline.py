@@ -126,3 +126,17 @@ def test_a_model_with_nothing_counted_yet_has_a_gap_not_a_zero(store: Store) -> 
     # mb's first attempt ends at 110 s: its first bin (to 59 s) has no rate yet.
     assert line["pass_rate"]["mb"][0] is None and line["pass_rate"]["mb"][1] == 1.0
     assert len(_points(timeline_svg(line), "mb")) == BINS - 1
+
+
+def test_a_bed_quarantined_before_the_sweep_starts_quarantined(store: Store) -> None:
+    """The state at the sweep's creation comes from the bed's last change before it."""
+    sweep = build(store, "carried")
+    with store.session() as session:
+        bed = session.query(Bed).filter_by(name="carried-b0").one()
+        for kind, at in (("quarantined", -50), ("released", 200)):
+            session.add(
+                BedEvent(bed_id=bed.id, kind=kind, at=sweep.created_at + timedelta(seconds=at))
+            )
+    line = timeline_for(store, sweep, bins=BINS)
+    # b0 quarantined until 200 s (bin ends 59, 118, 177, 236 s); b1 as in the first test.
+    assert line["beds"]["quarantined"][:4] == [1, 1, 1, 0], line["beds"]

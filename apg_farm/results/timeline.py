@@ -10,12 +10,14 @@ quarantines' events, not one per attempt) come back as rows.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
 from typing import Any
 
 from sqlalchemy import ColumnElement, Float, Integer, cast, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from apg_farm.contract import COUNTED, Outcome
+from apg_farm.errors import NotFound
 from apg_farm.results import bed_window
 from apg_farm.store import Attempt, BedEvent, BedState, Execution, Store, Sweep, utcnow
 
@@ -42,20 +44,22 @@ def _bin(
     return cast(offset, Integer())
 
 
+def _clamp(index: Any, bins: int) -> int:
+    """A bin index from SQL inside 0..bins-1 (a time a hair before the creation or after the
+    window's end counts in the first or last bin)."""
+    return min(max(int(index), 0), bins - 1)
+
+
 def _per_bin(rows: Iterable[Sequence[Any]], bins: int) -> list[int]:
     counts = [0] * bins
     for index, count in rows:
         if index is not None:
-            counts[min(max(int(index), 0), bins - 1)] += int(count)
+            counts[_clamp(index, bins)] += int(count)
     return counts
 
 
 def _cumulative(values: Sequence[int]) -> list[int]:
-    total, out = 0, []
-    for value in values:
-        total += value
-        out.append(total)
-    return out
+    return list(accumulate(values))
 
 
 def sweep_timeline(session: Session, sweep: Sweep, bins: int = BINS) -> dict[str, Any]:
@@ -119,7 +123,7 @@ def _pass_rates(
     passed: dict[str, list[int]] = {}
     counted: dict[str, list[int]] = {}
     for model, i, outcome, n in rows:
-        at = min(max(int(i), 0), bins - 1)
+        at = _clamp(i, bins)
         counted.setdefault(model, [0] * bins)[at] += int(n)
         passed.setdefault(model, [0] * bins)[at] += int(n) if outcome == Outcome.PASSED else 0
     rates: dict[str, list[float | None]] = {}
@@ -132,20 +136,33 @@ def _pass_rates(
 def _beds_by_state(
     session: Session, sweep: Sweep, start: float, width: float, bins: int
 ) -> dict[str, list[int]]:
-    """Of the beds that ran the sweep, how many were in each state at each bin's end, replayed
-    from their state-changing events (a bed is born active: bed_window.py)."""
+    """Of the beds that ran the sweep, how many were in each state at each bin's end: each bed's
+    state at the sweep's creation (its last state-changing event before it, one row a bed), then
+    the events inside the window replayed. Read: one row a bed plus the window's events, never a
+    bed's whole history."""
     ran = select(Execution.bed_id).join(Attempt, Attempt.id == Execution.attempt_id)
     bed_ids = set(session.scalars(ran.where(Attempt.sweep_id == sweep.id).distinct()))
+    changes = BedEvent.bed_id.in_(bed_ids), BedEvent.kind.in_(bed_window.STATE_AFTER)
+    last_before = (
+        select(func.max(BedEvent.id))
+        .where(*changes, BedEvent.at <= sweep.created_at)
+        .group_by(BedEvent.bed_id)
+    )
+    carried = select(BedEvent.bed_id, BedEvent.kind).where(BedEvent.id.in_(last_before))
+    before = {int(bed): str(kind) for bed, kind in session.execute(carried)}
     events = session.execute(
         select(BedEvent.bed_id, BedEvent.at, BedEvent.kind)
-        .where(BedEvent.bed_id.in_(bed_ids), BedEvent.kind.in_(bed_window.STATE_AFTER))
+        .where(*changes, BedEvent.at > sweep.created_at)
         .order_by(BedEvent.at, BedEvent.id)
     ).all()
-    # A bed is absent until its "added" (or "cloned") event; one without such an event predates
-    # the record and was active.
-    born = {bed for bed, _, kind in events if kind in ("added", "cloned")}
+    # A bed without a change before the sweep is absent until its "added" (or "cloned") event
+    # inside it; one with no such event at all predates the record and was active.
+    born_later = {bed for bed, _, kind in events if kind in ("added", "cloned")}
     state: dict[int, str | None] = {
-        bed: None if bed in born else BedState.ACTIVE for bed in bed_ids
+        bed: bed_window.STATE_AFTER[before[bed]]
+        if bed in before
+        else (None if bed in born_later else BedState.ACTIVE)
+        for bed in bed_ids
     }
     series = {str(s): [0] * bins for s in STATES}
     next_event = 0
@@ -162,9 +179,9 @@ def _beds_by_state(
 
 
 def timeline_for(store: Store, sweep: Sweep, bins: int = BINS) -> dict[str, Any]:
-    """`sweep_timeline` in a session of its own."""
-    with store.session() as session:
+    """`sweep_timeline` in a read session of its own."""
+    with store.read() as session:
         row = session.get(Sweep, sweep.id)
         if row is None:
-            raise LookupError(f"sweep {sweep.id} is not in the store")
+            raise NotFound(f"sweep {sweep.id} is not in the store", field="sweep")
         return sweep_timeline(session, row, bins)
