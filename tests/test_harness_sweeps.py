@@ -5,6 +5,7 @@ for one sample: its attempt added alone (never a cross product), found again on 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -169,41 +170,21 @@ def test_two_inspect_tasks_over_the_same_ids_are_two_sweeps_each_counted_once(
         ("inspect-run-1.without_tool", 1),
         ("inspect-run-1.without_tool", 2),
     ]
+
     # The lifecycle refuses another owner's sweep; a sweep made before owners were recorded
     # belongs to the Inspect task its first sample named.
+    def own(name: str, trial: int = 1, **by: Any) -> None:
+        open_harness_attempt(
+            store, _spec(name=name), driver="inspect", task="t", model="m", trial=trial, **by
+        )
+
     with pytest.raises(SweepOwned):
-        open_harness_attempt(
-            store,
-            _spec(name="inspect-run-1"),
-            driver="inspect",
-            task="t",
-            model="m",
-            trial=1,
-            owner="third",
-        )
-    open_harness_attempt(
-        store,
-        _spec(name="legacy"),
-        driver="inspect",
-        task="t",
-        model="m",
-        trial=1,
-        meta={"inspect_task": "old_task"},
-    )
+        own("inspect-run-1", owner="third")
+    own("legacy", meta={"inspect_task": "old_task"})
     with pytest.raises(SweepOwned, match="old_task"):
-        open_harness_attempt(
-            store,
-            _spec(name="legacy"),
-            driver="inspect",
-            task="t",
-            model="m",
-            trial=2,
-            owner="new_task",
-        )
+        own("legacy", 2, owner="new_task")
     # When both names are held by other tasks the sample is refused in one line naming the fix.
-    open_harness_attempt(
-        store, _spec(name="legacy.y"), driver="inspect", task="t", model="m", trial=1, owner="z"
-    )
+    own("legacy.y", owner="z")
     with pytest.raises(BadInput, match="sweep:"):
         _open_attempt(
             store, config, replace(key("x"), sweep="legacy", record={"inspect_task": "y"})

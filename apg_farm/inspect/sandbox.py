@@ -228,14 +228,25 @@ class ApgSandboxEnvironment(SandboxEnvironment):
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         """`inspect sandbox connect`: a shell in the leased bed's web container, from its host
         (over SSH for a remote bed). The bed stays leased to the sample meanwhile."""
-        words = container.exec_argv(self.bed.container, ["bash", "-l"], user=user)
-        local = ["docker", "exec", "-it", *words[3:]]  # --interactive with a terminal
-        command = shlex.join(local)
+        try:
+            words = container.exec_argv(self.bed.container, ["bash", "-l"], user=user)
+        except ValueError as error:
+            raise SandboxUserUnsupportedError(str(error)) from None
+        # exec_argv's line with a terminal: `docker exec --interactive` becomes `-it`.
+        command = shlex.join(["docker", "exec", "-it", *words[3:]])
         target = self.bed.ssh_target()
         if target is not None:
-            command = shlex.join(
-                ["ssh", "-t", "-p", str(target.port), f"{target.user}@{target.host}", command]
-            )
+            # The farm's own way in: its known_hosts (pinned host key) and its key, if named.
+            ssh = [
+                "ssh",
+                "-t",
+                "-p",
+                str(target.port),
+                "-o",
+                f"UserKnownHostsFile={target.known_hosts}",
+            ]
+            ssh += ["-i", target.identity_file] if target.identity_file else []
+            command = shlex.join([*ssh, f"{target.user}@{target.host}", command])
         return SandboxConnection(type="apg", command=command, container=self.bed.container)
 
     # -- commands in the web container ---------------------------------------------------------

@@ -755,8 +755,9 @@ def open_harness_attempt(
     Safe to repeat: a sample the harness starts again finds its attempt as the farm left it.
     """
     with store.session() as session:
-        made_by = {**(meta or {}), **({"owner": owner} if owner is not None else {})}
-        sweep = _harness_sweep(session, spec, driver=driver, meta=made_by or None)
+        if owner is not None:
+            meta = {**(meta or {}), "owner": owner}
+        sweep = _harness_sweep(session, spec, driver=driver, meta=meta)
         held_by = sweep_owner(sweep)
         if owner is not None and held_by is not None and held_by != owner:
             raise SweepOwned(sweep.name, held_by)
