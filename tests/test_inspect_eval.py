@@ -202,7 +202,10 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
             assert not _container_has(bed.approot, "sleep 600")
 
         # Inspect's own log says the same: one log per model, a score per sample.
-        logs = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
+        logs = [
+            read_eval_log(info, resolve_attachments=True)
+            for info in list_eval_logs(str(tmp_path / "logs"))
+        ]
         assert sorted(log.eval.model for log in logs) == sorted(MODELS)
         for log in logs:
             assert log.status == "success"
@@ -213,6 +216,7 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
                 score = next(iter((sample.scores or {}).values()))
                 assert score.value == ("C" if farm == "PASSED" else "I"), (sample.id, farm)
                 assert score.metadata and score.metadata["apg_outcome"] == farm
+                _farm_phases_in_the_log(sample, farm)
 
         # apg-farm's report of the Inspect-driven sweep: the same pass rates.
         report = subprocess.run(
@@ -242,6 +246,29 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
         assert pair["rate_b"] == pytest.approx(accuracy[pair["model_b"]])
         assert pair["diff"] == pytest.approx(pair["rate_a"] - pair["rate_b"])
         assert pair["diff_low"] <= pair["diff"] <= pair["diff_high"]
+
+
+def _farm_phases_in_the_log(sample: Any, outcome: str) -> None:
+    """The farm's phases are in Inspect's own log: the bed's preparation before the agent's
+    first model call, the judging after its last, then the verdict."""
+    kinds = [
+        (e.event, str(getattr(e, "data", "")), getattr(e, "source", None)) for e in sample.events
+    ]
+    phases = [
+        (i, data.split(":")[0])
+        for i, (kind, data, source) in enumerate(kinds)
+        if kind == "info" and source == "apg_phase"
+    ]
+    models = [i for i, (kind, _, _) in enumerate(kinds) if kind == "model"]
+    assert models, kinds
+    before = [name for i, name in phases if i < models[0]]
+    after = [name for i, name in phases if i > models[-1]]
+    assert "reset" in before and "verify_before" in before, before
+    assert "agent" in after and "verify_after" in after, after
+    if outcome in ("PASSED", "FAILED"):
+        assert "grade" in after, after
+    (verdict,) = [data for kind, data, source in kinds if source == "apg_verdict"]
+    assert f": {outcome}" in verdict, verdict
 
 
 def _accuracy(log: Any) -> float:

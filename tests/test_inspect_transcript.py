@@ -147,3 +147,58 @@ def test_a_changed_transcript_is_named_not_exported(tmp_path: Path) -> None:
     assert [m.role for m in sample.messages] == ["user"]
     (error,) = sample.metadata["apg_evidence_errors"]
     assert "transcript.jsonl" in error and "changed" in error
+
+
+def test_a_rerun_and_its_beds_quarantine_are_events_of_the_sample(tmp_path: Path) -> None:
+    """An attempt that ran twice (its first bed failed its reset and was quarantined): the
+    exported sample holds both executions' phases, how the first ended and the quarantine, in
+    time order; its time runs from the first execution's start to the last one's end."""
+    home = tmp_path / "home"
+    home.mkdir()
+    store = Store(f"sqlite:///{home / 'farm.db'}")
+    make_beds(store, home / "sim", 2, faults={0: {"reset_fail": True}})
+    sweep = run_sweep(store, "reruns", tasks=2, models=1, trials=1)
+    with store.read() as session:
+        runs = list(
+            session.scalars(
+                select(Execution)
+                .join(Attempt, Execution.attempt_id == Attempt.id)
+                .where(Attempt.sweep_id == sweep)
+                .order_by(Execution.id)
+            )
+        )
+        twice = {e.attempt_id for e in runs if e.number == 2}
+        assert twice, [(e.attempt_id, e.number, e.result) for e in runs]
+        attempt_id = min(twice)
+        mine = [e for e in runs if e.attempt_id == attempt_id]
+        task = session.get(Attempt, attempt_id).task  # type: ignore[union-attr]
+
+    out = tmp_path / "logs"
+    farm(home, "export", "reruns", "--inspect", str(out))
+    (log,) = [read_eval_log(i) for i in list_eval_logs(str(out))]
+    (sample,) = [s for s in log.samples or [] if s.id == task]
+    infos = [e for e in sample.events if isinstance(e, InfoEvent)]
+    ended = [str(e.data) for e in infos if e.source == "apg_execution"]
+    assert len(ended) == len(mine) == 2
+    assert ended[0].startswith(f"execution 1 of 2 on bed bed0: {mine[0].result}")
+    assert mine[0].reason and mine[0].reason[:40] in ended[0]
+    assert ended[1].startswith(f"execution 2 of 2 on bed bed1: {mine[1].result}")
+    (quarantine,) = [str(e.data) for e in infos if e.source == "apg_bed"]
+    assert quarantine.startswith("bed bed0 quarantined")
+    # In time order: the first execution's phases, its end, the quarantine, then the second's.
+    order = [
+        e.source if isinstance(e, InfoEvent) else type(e).__name__
+        for e in sample.events
+        if not isinstance(e, InfoEvent) or e.source != "apg_phase"
+    ]
+    first_end = order.index("apg_execution")
+    assert order[first_end + 1] == "apg_bed"
+    assert "SpanBeginEvent" in order[first_end + 2 :]
+    stamps = [e.timestamp for e in sample.events]
+    assert stamps == sorted(stamps)
+    assert sample.total_time == pytest.approx(
+        (mine[1].finished_at - mine[0].started_at).total_seconds()  # type: ignore[operator]
+    )
+    assert sample.working_time is not None and sample.working_time < sample.total_time + 1e-6
+    assert [e["number"] for e in sample.metadata["apg_executions"]] == [1, 2]
+    assert sample.metadata["apg_executions"][0]["bed"] == "bed0"

@@ -2,7 +2,8 @@
 
 One `.eval` log per (sweep, model), one sample per (task, trial): its final outcome as the score
 the `apg` scorer would give (C, I; no score and a sample error for SKIPPED, INVALID, ERROR,
-CANCELLED), the bed, the envelope's sha256, the phase timings, cost and tokens. Readable by
+CANCELLED), the bed, the envelope's sha256, the phase timings, cost and tokens; every execution
+of the attempt (re-runs first) as events, with what happened to its bed (a quarantine). Readable by
 `read_eval_log`, `inspect log dump` and `inspect view`. Attempts not finished are left out.
 """
 
@@ -14,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from inspect_ai.event import Event
 from inspect_ai.log import (
     EvalConfig,
     EvalDataset,
@@ -31,13 +33,32 @@ from inspect_ai.model import ModelUsage
 from inspect_ai.scorer import Score
 from inspect_ai.viewer import ViewerConfig
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from apg_farm.contract import Outcome
-from apg_farm.inspect.samples import SampleEvidence, phase_events, sample_evidence, utc
+from apg_farm.inspect.samples import (
+    BED_EVENT_GRACE,
+    BED_EVENT_KINDS,
+    SampleEvidence,
+    execution_events,
+    execution_summary,
+    phase_events,
+    sample_evidence,
+    utc,
+)
 from apg_farm.inspect.scorer import SCORED
 from apg_farm.results import model_slug
 from apg_farm.specs import SweepSpec
-from apg_farm.store import Attempt, AttemptState, Bed, Execution, Phase, Store, Sweep
+from apg_farm.store import (
+    Attempt,
+    AttemptState,
+    Bed,
+    BedEvent,
+    Execution,
+    Phase,
+    Store,
+    Sweep,
+)
 
 SCORER = "apg_grade"
 
@@ -60,28 +81,32 @@ def write_inspect_logs(store: Store, sweep: Sweep, directory: Path) -> Written:
             .where(Attempt.sweep_id == sweep.id, Attempt.state == AttemptState.DONE)
             .order_by(Attempt.model, Attempt.task, Attempt.trial, Execution.number)
         ).all()
-        last: dict[int, tuple[Attempt, Execution]] = {}
+        ran_by: dict[int, tuple[Attempt, list[Execution]]] = {}
         for attempt, execution in rows:
-            last[attempt.id] = (attempt, execution)  # the execution that ended the attempt
-        for attempt, execution in last.values():
-            # One execution's phases at a time: their output is bounded, but a sweep is large.
-            ran = list(
-                session.scalars(
-                    select(Phase).where(Phase.execution_id == execution.id).order_by(Phase.id)
-                )
-            )
+            ran_by.setdefault(attempt.id, (attempt, []))[1].append(execution)
+        for attempt, executions in ran_by.values():
+            last = executions[-1]  # the execution that ended the attempt
+            origin = executions[0].started_at
+            events: list[Event] = []
             seconds: dict[str, float] = {}
-            for phase in ran:
-                seconds[phase.name] = seconds.get(phase.name, 0.0) + phase.duration
-            evidence = sample_evidence(
-                store,
-                execution.id,
-                execution.run_id,
-                phase_events(ran, execution.started_at),
-            )
-            for phase in ran:
-                session.expunge(phase)  # its output is in the events now
-            by_model[attempt.model].append(_sample(attempt, execution, beds, seconds, evidence))
+            for execution in executions:
+                # One execution's phases at a time: their output is bounded, but a sweep is large.
+                ran = list(
+                    session.scalars(
+                        select(Phase).where(Phase.execution_id == execution.id).order_by(Phase.id)
+                    )
+                )
+                if execution is last:
+                    for phase in ran:
+                        seconds[phase.name] = seconds.get(phase.name, 0.0) + phase.duration
+                events += phase_events(ran, origin)
+                events += execution_events(
+                    execution, len(executions), beds, _bed_events(session, execution), origin
+                )
+                for phase in ran:
+                    session.expunge(phase)  # its output is in the events now
+            evidence = sample_evidence(store, last.id, last.run_id, events)
+            by_model[attempt.model].append(_sample(attempt, executions, beds, seconds, evidence))
     directory.mkdir(parents=True, exist_ok=True)
     written = Written()
     for model, samples in sorted(by_model.items()):
@@ -93,13 +118,32 @@ def write_inspect_logs(store: Store, sweep: Sweep, directory: Path) -> Written:
     return written
 
 
+def _bed_events(session: Session, execution: Execution) -> list[BedEvent]:
+    """What happened to the execution's bed while it ran and as it was judged (a quarantine is
+    written with the verdict, a moment after the execution's end)."""
+    ended = (execution.finished_at or execution.started_at) + BED_EVENT_GRACE
+    return list(
+        session.scalars(
+            select(BedEvent)
+            .where(
+                BedEvent.bed_id == execution.bed_id,
+                BedEvent.kind.in_(BED_EVENT_KINDS),
+                BedEvent.at >= execution.started_at,
+                BedEvent.at <= ended,
+            )
+            .order_by(BedEvent.id)
+        )
+    )
+
+
 def _sample(
     attempt: Attempt,
-    execution: Execution,
+    executions: list[Execution],
     beds: dict[int, str],
     phases: dict[str, float],
     evidence: SampleEvidence,
 ) -> EvalSample:
+    execution = executions[-1]
     outcome = Outcome(attempt.outcome) if attempt.outcome else Outcome.ERROR
     metadata: dict[str, Any] = {
         "apg_task": attempt.task,
@@ -110,6 +154,7 @@ def _sample(
         "apg_envelope_sha256": execution.envelope_sha256,
         "apg_phase_seconds": {k: round(v, 3) for k, v in sorted(phases.items())},
         "apg_cost_usd": execution.cost_usd,
+        "apg_executions": [execution_summary(e, beds) for e in executions],
         **evidence.metadata,
     }
     value = SCORED.get(outcome)
@@ -136,7 +181,12 @@ def _sample(
                 total_cost=execution.cost_usd,
             )
         }
-    started, finished = execution.started_at, execution.finished_at
+    # From the first execution's start to the last one's end: re-runs and the wait between
+    # them are the sample's time too; the time on beds is its working time.
+    started, finished = executions[0].started_at, execution.finished_at
+    working = sum(
+        (e.finished_at - e.started_at).total_seconds() for e in executions if e.finished_at
+    )
     return EvalSample(
         id=attempt.task,
         epoch=attempt.trial,
@@ -149,8 +199,8 @@ def _sample(
         error=error,
         metadata=metadata,
         model_usage=usage or {},
-        # The execution's real time on its bed, from the farm's clock.
         total_time=(finished - started).total_seconds() if finished and started else None,
+        working_time=working,
         started_at=utc(started).isoformat() if started else None,
         completed_at=utc(finished).isoformat() if finished else None,
     )

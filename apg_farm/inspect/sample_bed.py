@@ -29,6 +29,7 @@ from apg_farm.store import (
     BedState,
     Claim,
     HarnessAttempt,
+    Phase,
     Refusal,
     Store,
     SweepOwned,
@@ -137,6 +138,10 @@ class SampleBed:
         self._thread = thread
         self._reports = reports
         self._ended = False
+        #: The last of the execution's phases shown in Inspect's transcript (new_phases).
+        self._phases_shown = 0
+        #: The verdict was shown in Inspect's transcript (once: judge, then cleanup, end it).
+        self.verdict_shown = False
 
     @property
     def bed_name(self) -> str:
@@ -150,6 +155,25 @@ class SampleBed:
         from apg_farm.transports import SshTransport
 
         return transport.target if isinstance(transport, SshTransport) else None
+
+    def new_phases(self) -> list[Phase]:
+        """The phases the farm recorded for this sample's execution since the last call."""
+        with self.engine.store.read() as session:
+            phases = list(
+                session.scalars(
+                    select(Phase)
+                    .where(
+                        Phase.execution_id == self.claim.execution_id,
+                        Phase.id > self._phases_shown,
+                    )
+                    .order_by(Phase.id)
+                )
+            )
+            for phase in phases:
+                session.expunge(phase)
+        if phases:
+            self._phases_shown = phases[-1].id
+        return phases
 
     @property
     def seat(self) -> Seat:

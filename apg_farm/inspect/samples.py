@@ -1,5 +1,6 @@
 """What `export --inspect` puts in a sample besides its score: the prompt as its input, the agent's
-transcript as Inspect chat messages, and the farm's phases as events with their times.
+transcript as Inspect chat messages, and the farm's phases as events with their times, each
+execution's end (a re-run's reason) and its bed's quarantine as info events.
 
 The prompt and transcript are the evidence the farm kept off the bed (`prompt.txt`,
 `transcript.jsonl` of the execution's run folder), read back with their sha256 checked; the
@@ -13,7 +14,7 @@ shown raw; nothing is dropped without a count.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -31,7 +32,15 @@ from inspect_ai.tool import ToolCall, ToolCallError
 
 from apg_farm.errors import FarmError
 from apg_farm.results import Clipped, Transcript, parse_transcript
-from apg_farm.store import EvidenceFile, Phase, Store, list_evidence, read_evidence
+from apg_farm.store import (
+    BedEvent,
+    EvidenceFile,
+    Execution,
+    Phase,
+    Store,
+    list_evidence,
+    read_evidence,
+)
 
 #: Bytes of a transcript read for a sample (a longer one is cut there, and the cut is counted).
 TRANSCRIPT_BYTES = 8 * 1024 * 1024
@@ -39,6 +48,12 @@ TRANSCRIPT_BYTES = 8 * 1024 * 1024
 PROMPT_BYTES = 256 * 1024
 #: Characters of a phase's stdout and stderr put in its event (the store keeps more).
 OUTPUT_CHARS = 8 * 1024
+#: Characters of a reason or a bed event's detail put in an event.
+REASON_CHARS = 2000
+#: The bed events an execution's events show: what takes a bed out of the pool.
+BED_EVENT_KINDS = ("quarantined", "draining", "removed")
+#: A bed event this long after an execution's end is still its own (written with the verdict).
+BED_EVENT_GRACE = timedelta(seconds=5)
 
 
 @dataclass
@@ -139,6 +154,71 @@ def utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def phase_line(phase: Phase) -> str:
+    """One phase in a line: its name, how it ended, its time on the farm's clock."""
+    began = utc(phase.started_at)
+    ended = utc(phase.finished_at) if phase.finished_at else began
+    status = "timed out" if phase.timed_out else f"exit {phase.exit_code}"
+    if phase.transport_error:
+        status += f", transport error: {phase.transport_error[:200]}"
+    return (
+        f"{phase.name}: {status} in {phase.duration:.2f} s "
+        f"({began.isoformat(timespec='milliseconds')} → {ended.isoformat(timespec='milliseconds')})"
+    )
+
+
+def execution_summary(execution: Execution, beds: dict[int, str]) -> dict[str, Any]:
+    """An execution of the attempt as the sample's metadata lists it."""
+    ended = execution.finished_at
+    return {
+        "number": execution.number,
+        "bed": beds.get(execution.bed_id),
+        "result": execution.result,
+        "reason": (execution.reason or "")[:REASON_CHARS] or None,
+        "rerun_kind": execution.rerun_kind,
+        "started_at": utc(execution.started_at).isoformat(timespec="milliseconds"),
+        "seconds": round((ended - execution.started_at).total_seconds(), 3) if ended else None,
+    }
+
+
+def execution_events(
+    execution: Execution,
+    executions: int,
+    beds: dict[int, str],
+    bed_events: list[BedEvent],
+    origin: datetime,
+) -> list[Event]:
+    """How one execution ended (a re-run's reason, RETRY or LOST) and what happened to its bed
+    meanwhile (a quarantine, a drain), as info events after its phases."""
+    start = utc(origin)
+    ended = utc(execution.finished_at or execution.started_at)
+    bed = beds.get(execution.bed_id, f"#{execution.bed_id}")
+    summary = f"execution {execution.number} of {executions} on bed {bed}: {execution.result}"
+    if execution.rerun_kind:
+        summary += f" ({execution.rerun_kind})"
+    if execution.reason:
+        summary += f": {execution.reason[:REASON_CHARS]}"
+    events: list[Event] = [
+        InfoEvent(
+            source="apg_execution",
+            data=summary,
+            timestamp=ended,
+            working_start=max((ended - start).total_seconds(), 0.0),
+        )
+    ]
+    for happened in bed_events:
+        at = utc(happened.at)
+        events.append(
+            InfoEvent(
+                source="apg_bed",
+                data=f"bed {bed} {happened.kind}: {(happened.detail or '')[:REASON_CHARS]}",
+                timestamp=at,
+                working_start=max((at - start).total_seconds(), 0.0),
+            )
+        )
+    return events
+
+
 def phase_events(phases: list[Phase], origin: datetime | None) -> list[Event]:
     """Each phase as a span holding its exec event, timed as the farm recorded it."""
     events: list[Event] = []
@@ -166,15 +246,10 @@ def phase_events(phases: list[Phase], origin: datetime | None) -> list[Event]:
             )
         )
         # The viewer's default filter shows info events, not sandbox ones: one line per phase.
-        status = "timed out" if phase.timed_out else f"exit {phase.exit_code}"
-        if phase.transport_error:
-            status += f", transport error: {phase.transport_error[:200]}"
         events.append(
             InfoEvent(
                 source="apg_phase",
-                data=f"{phase.name}: {status} in {phase.duration:.2f} s "
-                f"({began.isoformat(timespec='milliseconds')} → "
-                f"{ended.isoformat(timespec='milliseconds')})",
+                data=phase_line(phase),
                 timestamp=began,
                 working_start=offset,
                 span_id=span,
@@ -251,9 +326,15 @@ def sample_evidence(
 
 
 def _insert_raw(events: list[Event], raw: list[str]) -> None:
-    """Each raw transcript line as an info event in the run phase's span (else first)."""
+    """Each raw transcript line as an info event in the last run phase's span (the transcript is
+    the last execution's), else first."""
     at = next(
-        (i for i, e in enumerate(events) if isinstance(e, SpanBeginEvent) and e.name == "run"), None
+        (
+            i
+            for i in reversed(range(len(events)))
+            if isinstance(events[i], SpanBeginEvent) and getattr(events[i], "name", "") == "run"
+        ),
+        None,
     )
     anchor = events[at] if at is not None else None
     infos = [

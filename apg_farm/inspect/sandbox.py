@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
 
 import anyio
+from inspect_ai.log import transcript
 from inspect_ai.util import (
     ExecResult,
     OutputLimitExceededError,
@@ -40,6 +41,7 @@ from apg_farm.errors import BadInput, FarmError
 from apg_farm.inspect import container, private
 from apg_farm.inspect.config import ApgConfig, load_config, parse_config
 from apg_farm.inspect.sample_bed import SampleBed, SampleKey
+from apg_farm.inspect.samples import phase_line
 from apg_farm.secret_env import set_non_dumpable
 from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec
@@ -182,6 +184,8 @@ class ApgSandboxEnvironment(SandboxEnvironment):
             raise
         if failed:
             raise failed[0]
+        # The bed's preparation (verify, reset, checks) in the sample's init span.
+        await show_phases(taken[0])
         return {"default": cls(taken[0])}
 
     @override
@@ -208,7 +212,8 @@ class ApgSandboxEnvironment(SandboxEnvironment):
                         finish = functools.partial(
                             bed.finish, sample_usage(), answered=model_answered()
                         )
-                        await _in_thread(finish)
+                        report = await _in_thread(finish)
+                        await show_phases(bed, report)
 
     @override
     @classmethod
@@ -222,6 +227,7 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         usage, answered = sample_usage(), model_answered()
         with anyio.CancelScope(shield=True):
             report = await _in_thread(lambda: self.bed.finish(usage, answered=answered))
+            await show_phases(self.bed, report)
         return report
 
     @override
@@ -364,6 +370,30 @@ def inspect_version() -> str:
         return str(__version__)
     except Exception:
         return "unknown"
+
+
+async def show_phases(bed: SampleBed, report: AttemptReport | None = None) -> None:
+    """The farm's phases recorded since the last call, and its verdict once there is one, as
+    info events of the sample's transcript: Inspect's log shows the bed's preparation and its
+    judging beside the agent's turn, each with its time on the farm's clock. Never fails the
+    sample: a failure here is logged and the events are left out (the farm's store has them)."""
+    try:
+        phases = await _in_thread(bed.new_phases)
+        log = transcript()
+        for phase in phases:
+            log.info(phase_line(phase), source="apg_phase")
+        if report is not None and not bed.verdict_shown:
+            bed.verdict_shown = True
+            verdict = report.verdict
+            ended = report.outcome or f"{verdict.action} (not counted)"
+            said = f"{report.claim.label}: {ended}"
+            log.info(f"{said}: {verdict.reason}" if verdict.reason else said, source="apg_verdict")
+    except Exception as error:
+        logging.getLogger(__name__).warning(
+            "apg sandbox: the farm's phases could not be added to Inspect's transcript (%s: %s)",
+            type(error).__name__,
+            error,
+        )
 
 
 def _private_api_failed(name: str, error: BaseException) -> str:
