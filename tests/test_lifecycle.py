@@ -50,7 +50,7 @@ def test_a_removed_bed_is_not_released(store: Store, tmp_path: Path) -> None:
     before = _events(store, bed.id)
     with pytest.raises(NotReleasable) as refused:
         release_bed(store, bed.name)
-    assert refused.value.fix and "bed apply" in refused.value.fix
+    assert refused.value.fix and "apg-farm beds apply" in refused.value.fix
     with store.read() as session:
         assert session.get_one(Bed, bed.id).state == BedState.REMOVED
     assert _events(store, bed.id) == before

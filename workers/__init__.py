@@ -14,10 +14,12 @@ from apg_farm.workers.container_state import diff_argv
 from apg_farm.workers.embedded import EmbeddedExecutor, ExecutorResult
 from apg_farm.workers.engine import AttemptEngine, AttemptReport
 from apg_farm.workers.evidence import EvidenceRefused, Unneeded, remove_folder, unneeded_folders
+from apg_farm.workers.farm_errors import FARM_ERROR_CHARS, farm_error_trace
 from apg_farm.workers.harness import HandOver, Harness, HarnessEnd, Seat
 from apg_farm.workers.host_files import find_argv
 
 __all__ = [
+    "FARM_ERROR_CHARS",
     "WORKER_BED",
     "AttemptEngine",
     "AttemptReport",
@@ -31,6 +33,7 @@ __all__ = [
     "Seat",
     "Unneeded",
     "diff_argv",
+    "farm_error_trace",
     "find_argv",
     "make_app",
     "remove_folder",

@@ -42,6 +42,7 @@ from apg_farm.store import (
     utcnow,
 )
 from apg_farm.transports import CommandResult, Transport, host_environment, transport_for
+from apg_farm.workers.farm_errors import farm_error_trace
 from apg_farm.workers.pinning import canary_pin
 
 #: Tasks a canary tries before it gives up finding one the grader does not SKIP.
@@ -107,9 +108,11 @@ def run_canary(
     transport = transport or transport_for(bed)
     run = _Canary(store, bed, transport)
     started = time.monotonic()
+    trace: str | None = None
     try:
         result, reason, quarantine, chosen = run.execute(tasks[:MAX_CANDIDATES], dataset)
     except Exception as error:  # the farm's own trouble: nothing learned of the bed
+        trace = farm_error_trace(error, f"the canary of bed {bed.name}")
         result, reason, quarantine, chosen = (
             INCONCLUSIVE,
             f"farm error: {type(error).__name__}: {error}",
@@ -134,6 +137,8 @@ def run_canary(
         "phases": run.phases,
         **run.graded,
     }
+    if trace is not None:
+        evidence["farm_error"] = trace
     event = store.retrying(
         lambda: record_canary(store, bed.id, evidence, quarantine_reason=quarantine)
     )

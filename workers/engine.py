@@ -124,6 +124,7 @@ from apg_farm.workers.container_state import (
 )
 from apg_farm.workers.container_state import Listing as ContainerListing
 from apg_farm.workers.evidence import EvidenceKeeper
+from apg_farm.workers.farm_errors import farm_error_trace
 from apg_farm.workers.git_isolation import clean_git
 from apg_farm.workers.harness import Harness, HarnessEnd, never_acted
 from apg_farm.workers.host_files import FIND_LIMIT, find_argv, judge_host_files
@@ -364,7 +365,9 @@ class AttemptEngine:
                 return self.store.retrying(lambda: self._record_lost(claim, attempt))
             except Exception as error:
                 # Whatever broke inside the farm (a soft time limit, a lost database) is not the
-                # model's doing: record it as an infrastructure failure and let the attempt retry.
+                # model's doing: record it as an infrastructure failure and let the attempt retry,
+                # its traceback logged and kept with the execution.
+                attempt.farm_error = farm_error_trace(error, claim.label)
                 verdict = Verdict(
                     "retry", f"farm error: {type(error).__name__}: {error}", farm_cause="farm_error"
                 )
@@ -411,6 +414,8 @@ class _Attempt:
         self.usage: Usage | None = None
         #: Every quarantine asked for during the attempt, in order; all are applied.
         self.quarantines: list[str] = []
+        #: The traceback of a farm error that ended the execution (farm_errors.py).
+        self.farm_error: str | None = None
         #: Every quarantine asked for on the agent's word alone (a leaked-token line, a run's
         #: unchecked bed claim): applied within the model's allowance (store/claim_gates.py).
         self.unchecked: list[str] = []
@@ -1223,4 +1228,5 @@ class _Attempt:
             unchecked=list(self.unchecked),
             kept=self.keeper.kept(),
             bed_meta=dict(self.bed_meta),
+            farm_error=self.farm_error,
         )

@@ -444,6 +444,7 @@ def attempt_detail(store: Store, attempt_id: int) -> dict[str, Any]:
                     "run_id": execution.run_id,
                     "result": execution.result,
                     "reason": execution.reason,
+                    "farm_error": execution.farm_error,
                     "score": execution.score,
                     "max_score": execution.max_score,
                     "bed_seconds": execution.bed_seconds,

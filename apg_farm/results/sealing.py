@@ -159,6 +159,8 @@ NOT_SEALED: dict[str, dict[str, str]] = {
         "or moved is the same evidence; each file's path, size and sha256 are sealed "
         "(`evidence[<path>]`), and verify re-hashes the files where this says they are",
         "evidence_host": "as `evidence_dir`",
+        "farm_error": "the traceback of a farm error, for whoever mends the farm; the verdict "
+        "it caused (a re-run) and its reason are sealed",
         "evidence_meta": "what the move skipped or cut: sealed as the artifact "
         "`<execution>/evidence_meta`, added only when set, so older manifests keep their digests",
         "provenance": "strings read from the envelope when it was recorded, for reports to "

@@ -156,6 +156,8 @@ class Evidence:
     kept: Kept | None = None
     #: Other bed meta keys this execution learned (e.g. the web container's clean listing).
     bed_meta: dict[str, Any] = field(default_factory=dict)
+    #: The traceback of the farm error that ended the execution (bounded by the engine).
+    farm_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -301,6 +303,8 @@ def _fill(session: Session, execution: Execution, evidence: Evidence, verdict: V
         execution.provenance = envelope_provenance(evidence.envelope)
     if evidence.kept is not None:
         record_kept(session, execution, evidence.kept)
+    if evidence.farm_error is not None:
+        execution.farm_error = evidence.farm_error
     usage = evidence.usage
     if usage is not None:
         execution.cost_usd = usage.cost_usd
@@ -434,7 +438,7 @@ def release_bed(store: Store, name: str, *, note: str = "released by operator") 
             raise NotReleasable(
                 f"bed {name!r} was removed from the inventory ({row.state_reason or 'removed'})",
                 field="bed",
-                fix="add it to the inventory again and run `apg-farm bed apply`",
+                fix="add it to the inventory again and run `apg-farm beds apply`",
             )
         if row.state != BedState.ACTIVE:
             previous = row.state_reason

@@ -449,6 +449,9 @@ class Execution(Base):
     #: What the move skipped or cut (bounded): skipped entries with their type, counts of files
     #: and bytes left out at the caps, a timeout, what stayed on the bed. Agent-made, so counted.
     evidence_meta: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
+    #: The traceback of an exception inside the farm that ended this execution (its last
+    #: FARM_ERROR_CHARS characters; the reason says `farm error: <type>: <message>`).
+    farm_error: Mapped[str | None] = mapped_column(Text)
 
     attempt: Mapped[Attempt] = relationship(back_populates="executions")
     phases: Mapped[list[Phase]] = relationship(order_by="Phase.id")
