@@ -334,7 +334,8 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         # In a daemon thread of its own, given up on cancel (an interrupt): neither the sample's
         # cleanup nor the process's exit waits for a command of the agent's to end. What it
         # started in the container is the next claim's to stop (the attempt ends CANCELLED, the
-        # bed marked for a restart); the host-side `docker` dies with this process.
+        # bed marked for a restart); the host-side `docker` dies with this process (over SSH,
+        # at the latest by the `timeout` the transport puts around it on the host).
         return await _in_daemon_thread(
             lambda: self.bed.run(
                 argv, timeout=timeout, stdout_limit=limit, stderr_limit=64 * 1024, input=data
