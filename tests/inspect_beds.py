@@ -110,3 +110,23 @@ def sweep_rows(store: Store, sweep: str) -> tuple[list[Attempt], list[Execution]
         beds = {b.id: b.name for b in session.scalars(select(Bed))}
         session.expunge_all()
     return attempts, executions, beds
+
+
+def agents_running(store: Store, sweep: str) -> int:
+    """How many of the sweep's samples are in their agent's turn now."""
+    with store.read() as session:
+        return len(
+            list(
+                session.scalars(
+                    select(Execution.id)
+                    .join(Attempt, Attempt.id == Execution.attempt_id)
+                    .join(Sweep, Sweep.id == Attempt.sweep_id)
+                    .where(
+                        Sweep.name == sweep,
+                        Attempt.state == "running",
+                        Execution.agent_started.is_(True),
+                        Execution.finished_at.is_(None),
+                    )
+                )
+            )
+        )

@@ -27,7 +27,15 @@ from inspect_ai.log import list_eval_logs, read_eval_log
 
 from apg_farm.fixtures import simbed
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, Sweep
-from tests.inspect_beds import MODELS, ROOT, TASK_FILE, container_pool, eval_command, sweep_rows
+from tests.inspect_beds import (
+    MODELS,
+    ROOT,
+    TASK_FILE,
+    agents_running,
+    container_pool,
+    eval_command,
+    sweep_rows,
+)
 from tests.simbeds import bed_image
 
 
@@ -197,25 +205,6 @@ def _model_rates(doc: dict[str, Any]) -> dict[str, float]:
     return {model: passed[model] / counted[model] for model in counted}
 
 
-def _agents_running(store: Store, sweep: str) -> int:
-    with store.read() as session:
-        return len(
-            list(
-                session.scalars(
-                    select(Execution.id)
-                    .join(Attempt, Attempt.id == Execution.attempt_id)
-                    .join(Sweep, Sweep.id == Attempt.sweep_id)
-                    .where(
-                        Sweep.name == sweep,
-                        Attempt.state == "running",
-                        Execution.agent_started.is_(True),
-                        Execution.finished_at.is_(None),
-                    )
-                )
-            )
-        )
-
-
 @pytest.mark.slow
 def test_sigint_to_inspect_releases_every_lease(tmp_path: Path) -> None:
     """Interrupted mid-sample (SIGINT, as Ctrl-C), `inspect` lets go of every bed: no attempt
@@ -234,7 +223,7 @@ def test_sigint_to_inspect_releases_every_lease(tmp_path: Path) -> None:
         )
         try:
             deadline = time.monotonic() + 120
-            while _agents_running(store, "interrupted") < 2:
+            while agents_running(store, "interrupted") < 2:
                 assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
                 assert time.monotonic() < deadline, "two samples never reached their agents"
                 time.sleep(0.2)

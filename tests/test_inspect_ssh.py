@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -31,7 +32,7 @@ from apg_farm.fixtures import simbed
 from apg_farm.inspect.config import ApgConfig
 from apg_farm.inspect.sandbox import ApgSandboxEnvironment
 from apg_farm.store import Attempt, Bed, Store
-from tests.inspect_beds import MODELS, ROOT, TIMEOUTS, eval_command, sweep_rows
+from tests.inspect_beds import MODELS, ROOT, TIMEOUTS, agents_running, eval_command, sweep_rows
 from tests.netns import netns_hosts
 from tests.remotebeds import remote_beds
 from tests.simbeds import bed_image
@@ -72,6 +73,17 @@ def _logging_docker(bin_dir: Path, log: Path) -> Path:
 def _execs(log: Path) -> list[str]:
     lines = log.read_text().splitlines() if log.exists() else []
     return [line for line in lines if line.startswith("exec ")]
+
+
+def _host_docker(pattern: str) -> list[str]:
+    """`docker` client processes on this machine (the host's too: a namespace shares the pids)
+    whose command line holds `pattern`."""
+    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, timeout=30)
+    return [
+        line
+        for line in ps.stdout.splitlines()
+        if pattern in line and line.split(" ", 1)[0].endswith("/docker")
+    ]
 
 
 def _free(store: Store, bed: Bed) -> None:
@@ -167,3 +179,50 @@ def test_connect_over_ssh_opens_a_shell_in_the_leased_container(tmp_path: Path) 
         assert "at=/var/www/html n=42" in done.stdout, done.stdout[-2000:]
         assert any(" -it " in f" {line} " for line in _execs(log)), _execs(log)
         _free(store, bed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigint_to_inspect_mid_sample_releases_the_ssh_bed(tmp_path: Path) -> None:
+    """Interrupted in its agent's turn on an SSH bed, `inspect` lets go of it: the attempt
+    CANCELLED, the bed active and marked for a restart before its next attempt."""
+    with _ssh_bed(tmp_path) as (store, bed, log):
+        argv, env = eval_command(
+            tmp_path,
+            str(store.url),
+            bed.name,
+            ["-T", "script=sleep", "-T", "tasks=dv01_view_build"],
+            sweep="interrupted",
+            models=MODELS[:1],
+        )
+        proc = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            deadline = time.monotonic() + 120
+            # Until the agent's command runs: its `docker exec` a process on the host.
+            while agents_running(store, "interrupted") < 1 or not _host_docker("sleep 120"):
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert time.monotonic() < deadline, "the sample never reached its agent's command"
+                time.sleep(0.2)
+            assert any("sleep 120" in line for line in _execs(log)), _execs(log)
+            proc.send_signal(signal.SIGINT)
+            output, _ = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        [attempt], executions, _ = sweep_rows(store, "interrupted")
+        assert (attempt.state, attempt.outcome) == ("done", "CANCELLED"), output[-2000:]
+        assert [e.result for e in executions if e.agent_started] == ["CANCELLED"]
+        _free(store, bed)
+        with store.read() as session:
+            row = session.get_one(Bed, bed.id)
+            assert (row.meta or {}).get("agent_stopped") is False, row.meta
+        # The host-side `docker exec` of the command in flight: over SSH it is not a child of
+        # `inspect`, and nothing stops it yet (the container's own processes are the next
+        # claim's to stop, the bed restarting first). Known gap, docs/inspect.md.
+        deadline = time.monotonic() + 15
+        while _host_docker("sleep 120") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _host_docker("sleep 120"):
+            pytest.xfail("the interrupted sample's `docker exec` outlives inspect on the SSH host")
