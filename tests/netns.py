@@ -62,8 +62,11 @@ class NetnsHost:
 
 
 @contextmanager
-def netns_hosts(root: Path, count: int) -> Iterator[list[NetnsHost]]:
-    """`count` hosts, each in its own namespace with its own sshd, torn down afterwards."""
+def netns_hosts(
+    root: Path, count: int, *, bin_dir: Path | None = None
+) -> Iterator[list[NetnsHost]]:
+    """`count` hosts, each in its own namespace with its own sshd, torn down afterwards
+    (`bin_dir` first on their login PATH: remote_config)."""
     require_netns()
     tag = uuid.uuid4().hex[:5]
     made: list[NetnsHost] = []
@@ -92,7 +95,7 @@ def netns_hosts(root: Path, count: int) -> Iterator[list[NetnsHost]]:
                 address=f"{subnet}.2",
                 port=22,
                 netns=namespace,
-                extra_config=remote_config(root / namespace / "home"),
+                extra_config=remote_config(root / namespace / "home", bin_dir=bin_dir),
             )
             made.append(NetnsHost(namespace, farm_side, host_side, f"{subnet}.2", sshd))
         yield made

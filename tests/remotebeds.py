@@ -18,10 +18,12 @@ from tests.sshd import SshHost
 REMOTE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def remote_config(home: Path) -> list[str]:
-    """sshd settings for a test host: a HOME without shell start-up files and a plain PATH."""
+def remote_config(home: Path, *, bin_dir: Path | None = None) -> list[str]:
+    """sshd settings for a test host: a HOME without shell start-up files and a plain PATH
+    (`bin_dir` first in it: the host's own commands, which the farm's side does not have)."""
     home.mkdir(parents=True, exist_ok=True)
-    return [f"SetEnv HOME={home} PATH={REMOTE_PATH}"]
+    path = f"{bin_dir}:{REMOTE_PATH}" if bin_dir else REMOTE_PATH
+    return [f"SetEnv HOME={home} PATH={path}"]
 
 
 def remote_beds(
@@ -32,8 +34,11 @@ def remote_beds(
     *,
     config: dict[str, Any] | None = None,
     ddev: Path | None = None,
+    image: str | None = None,
 ) -> list[Bed]:
-    """Simulated beds in `root` (on the 'remote' side), enrolled over SSH, provisioned, escrowed."""
+    """Simulated beds in `root` (on the 'remote' side), enrolled over SSH, provisioned, escrowed.
+    With `image`, container beds: each one's web container of that image on the Docker engine
+    the host's `docker` reaches (the caller removes it: simbed.stop_container)."""
     ddev = ddev or simbed.install_ddev(root / "bin")
     beds = []
     for name in names:
@@ -43,6 +48,8 @@ def remote_beds(
             project=name,
             config={"time_scale": TEST_TIME_SCALE, "seed": 11, **(config or {})},
         )
+        if image is not None:
+            simbed.start_container(approot, image=image)
         add_remote_bed(
             store,
             NewRemoteBed(
@@ -53,7 +60,8 @@ def remote_beds(
                 identity=str(host.identity),
                 known_hosts=str(host.known_hosts),
                 env=(("AI_PG_ESCROW_DIR", str(root / "escrow")),),
-                host_only=True,  # the simulated bed in its host mode: no web container
+                # Without an image, the simulated bed in its host mode: no web container.
+                host_only=image is None,
             ),
         )
         bed = get_bed(store, name)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from sqlalchemy import select
 
 pytest.importorskip("inspect_ai")
@@ -29,53 +27,16 @@ from inspect_ai.log import list_eval_logs, read_eval_log
 
 from apg_farm.fixtures import simbed
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, Sweep
-from tests.inspect_beds import container_pool
+from tests.inspect_beds import (
+    MODELS,
+    ROOT,
+    TASK_FILE,
+    agents_running,
+    container_pool,
+    eval_command,
+    sweep_rows,
+)
 from tests.simbeds import bed_image
-
-ROOT = Path(__file__).resolve().parents[1]
-TASK_FILE = ROOT / "tests" / "inspect_tasks" / "farm_task.py"
-INSPECT = Path(sys.executable).with_name("inspect")
-MODELS = ("mockllm/strong", "mockllm/weak")
-
-
-def _inspect(
-    tmp: Path, store_url: str, bed: str, extra: list[str], *, sweep: str
-) -> tuple[list[str], dict[str, str]]:
-    config = tmp / "apg.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "database_url": store_url,
-                "sweep": sweep,
-                "dataset": "droost_build_tasks",
-                "timeouts": {"verify": 60, "reset": 60, "run": 600, "grade": 60},
-                "wait_for_bed": 120,
-            }
-        )
-    )
-    env = {
-        **os.environ,
-        "APG_FARM_INSPECT_CONFIG": str(config),
-        "APG_FARM_INSPECT_BED": bed,
-        "INSPECT_LOG_DIR": str(tmp / "logs"),
-        "INSPECT_DISPLAY": "plain",
-        "NO_COLOR": "1",
-    }
-    argv = [
-        str(INSPECT),
-        "eval",
-        str(TASK_FILE.relative_to(ROOT)),
-        "--model",
-        ",".join(MODELS),
-        "--sandbox",
-        f"apg:{config}",
-        "--log-dir",
-        str(tmp / "logs"),
-        "--max-sandboxes",
-        "3",
-        *extra,
-    ]
-    return argv, env
 
 
 @contextmanager
@@ -85,7 +46,7 @@ def _one_task_eval(
     """`inspect eval` of dv01_view_build with `script` on a container bed of its own, Inspect
     retrying an errored sample twice: the farm's store (while the bed lives) and the process."""
     with container_pool(tmp_path / "pool", bed_image(), 1, prefix=prefix) as (store, beds, config):
-        argv, env = _inspect(
+        argv, env = eval_command(
             tmp_path,
             str(config.database_url),
             beds[0].name,
@@ -95,21 +56,6 @@ def _one_task_eval(
         env.update(extra_env)
         done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
         yield store, done
-
-
-def _rows(store: Store, sweep: str) -> tuple[list[Attempt], list[Execution], dict[int, str]]:
-    with store.read() as session:
-        sweep_id = session.scalar(select(Sweep.id).where(Sweep.name == sweep))
-        attempts = list(session.scalars(select(Attempt).where(Attempt.sweep_id == sweep_id)))
-        ids = [a.id for a in attempts]
-        executions = list(
-            session.scalars(
-                select(Execution).where(Execution.attempt_id.in_(ids)).order_by(Execution.id)
-            )
-        )
-        beds = {b.id: b.name for b in session.scalars(select(Bed))}
-        session.expunge_all()
-    return attempts, executions, beds
 
 
 def _no_overlap(executions: list[Execution]) -> None:
@@ -137,7 +83,7 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
         # The first reset on the first bed fails: sample_init raises, Inspect retries the sample
         # and the farm's claim gives it another bed.
         simbed.write_faults(Path(beds[0].approot), {"reset_fail": {"times": 1}})
-        argv, env = _inspect(
+        argv, env = eval_command(
             tmp_path,
             str(config.database_url),
             beds[1].name,
@@ -147,7 +93,7 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
         done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-        attempts, executions, bed_names = _rows(store, "e2e")
+        attempts, executions, bed_names = sweep_rows(store, "e2e")
         outcomes = {(a.model, a.task): a.outcome for a in attempts}
         assert outcomes == {
             ("mockllm/strong", "dv01_view_build"): "PASSED",
@@ -286,32 +232,13 @@ def _model_rates(doc: dict[str, Any]) -> dict[str, float]:
     return {model: passed[model] / counted[model] for model in counted}
 
 
-def _agents_running(store: Store, sweep: str) -> int:
-    with store.read() as session:
-        return len(
-            list(
-                session.scalars(
-                    select(Execution.id)
-                    .join(Attempt, Attempt.id == Execution.attempt_id)
-                    .join(Sweep, Sweep.id == Attempt.sweep_id)
-                    .where(
-                        Sweep.name == sweep,
-                        Attempt.state == "running",
-                        Execution.agent_started.is_(True),
-                        Execution.finished_at.is_(None),
-                    )
-                )
-            )
-        )
-
-
 @pytest.mark.slow
 def test_sigint_to_inspect_releases_every_lease(tmp_path: Path) -> None:
     """Interrupted mid-sample (SIGINT, as Ctrl-C), `inspect` lets go of every bed: no attempt
     left running or claimed, the started ones CANCELLED (never a model's failure), the beds
     active and marked for a restart before their next attempt."""
     with container_pool(tmp_path / "pool", bed_image(), 2, prefix="is") as (store, beds, config):
-        argv, env = _inspect(
+        argv, env = eval_command(
             tmp_path,
             str(config.database_url),
             beds[0].name,
@@ -323,7 +250,7 @@ def test_sigint_to_inspect_releases_every_lease(tmp_path: Path) -> None:
         )
         try:
             deadline = time.monotonic() + 120
-            while _agents_running(store, "interrupted") < 2:
+            while agents_running(store, "interrupted") < 2:
                 assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
                 assert time.monotonic() < deadline, "two samples never reached their agents"
                 time.sleep(0.2)
@@ -334,7 +261,7 @@ def test_sigint_to_inspect_releases_every_lease(tmp_path: Path) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
-        attempts, executions, _ = _rows(store, "interrupted")
+        attempts, executions, _ = sweep_rows(store, "interrupted")
         assert attempts, output[-2000:]
         assert all(a.state == "done" for a in attempts), [
             (a.task, a.model, a.state) for a in attempts
@@ -359,7 +286,7 @@ def test_a_sample_that_errors_after_its_agent_acted_counts_and_is_not_rerun(tmp_
     """A solver error is not an interrupt: the bed is judged (the attempt counts, FAILED here),
     and Inspect's retry of the sample is refused, so the error buys no second chance."""
     with _one_task_eval(tmp_path, "ic", "crash", "crashed") as (store, done):
-        attempts, executions, _ = _rows(store, "crashed")
+        attempts, executions, _ = sweep_rows(store, "crashed")
         assert sorted((a.model, a.outcome) for a in attempts) == [
             ("mockllm/strong", "FAILED"),
             ("mockllm/weak", "FAILED"),
@@ -399,7 +326,7 @@ def test_a_sample_whose_provider_refused_its_first_call_is_run_again_at_no_cost(
             "strong-dv01_view_build",
             "weak-dv01_view_build",
         ]
-        attempts, executions, _ = _rows(store, "refused")
+        attempts, executions, _ = sweep_rows(store, "refused")
         assert sorted((a.model, a.outcome) for a in attempts) == [
             ("mockllm/strong", "PASSED"),
             ("mockllm/weak", "PASSED"),
@@ -433,20 +360,19 @@ def test_a_ddev_hook_planted_in_a_sample_never_runs_on_the_host(tmp_path: Path) 
             beds,
             config,
         ):
-            argv, env = _inspect(
+            argv, env = eval_command(
                 tmp_path,
                 str(config.database_url),
                 beds[0].name,
-                ["-T", "script=hook", "-T", "tasks=dv01_view_build", "--model", MODELS[0]],
+                ["-T", "script=hook", "-T", "tasks=dv01_view_build"],
                 sweep="hooked",
+                models=MODELS[:1],
             )
-            argv = [a for a in argv if a != ",".join(MODELS)]
-            argv.remove("--model")
             done = subprocess.run(
                 argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
             )
             assert not marker.exists(), "the planted hook ran on the bed's host"
-            attempts, _, _ = _rows(store, "hooked")
+            attempts, _, _ = sweep_rows(store, "hooked")
             (attempt,) = attempts
             assert attempt.outcome == "TAMPERED", (attempt.reason, done.stdout[-1500:])
             with store.read() as session:
@@ -462,7 +388,7 @@ def test_two_inspect_tasks_sharing_apg_ids_in_one_run_are_each_scored(tmp_path: 
     farm keeps each task's samples in a sweep of its own, and its report per Inspect task equals
     Inspect's scores."""
     with container_pool(tmp_path / "pool", bed_image(), 2, prefix="tw") as (store, beds, config):
-        argv, env = _inspect(
+        argv, env = eval_command(
             tmp_path,
             str(config.database_url),
             beds[0].name,
@@ -487,7 +413,7 @@ def test_two_inspect_tasks_sharing_apg_ids_in_one_run_are_each_scored(tmp_path: 
             samples = log.samples or []
             assert len(samples) == 2 and all(s.error is None for s in samples), task
             sweep = next(name for name, owner in owners.items() if owner == task)
-            attempts, _, _ = _rows(store, sweep)
+            attempts, _, _ = sweep_rows(store, sweep)
             mine = [a for a in attempts if a.model == log.eval.model]
             assert len(mine) == 2 and {a.trial for a in mine} == {1, 2}
             for sample in samples:
@@ -511,7 +437,7 @@ def test_a_broken_private_inspect_api_never_holds_a_bed(tmp_path: Path) -> None:
         done,
     ):
         elapsed = time.monotonic() - started
-        attempts, executions, _ = _rows(store, "broken")
+        attempts, executions, _ = sweep_rows(store, "broken")
         assert sorted((a.model, a.outcome) for a in attempts) == [
             ("mockllm/strong", "PASSED"),
             ("mockllm/weak", "PASSED"),

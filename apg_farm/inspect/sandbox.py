@@ -340,7 +340,9 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         # In a daemon thread of its own, given up on cancel (an interrupt): neither the sample's
         # cleanup nor the process's exit waits for a command of the agent's to end. What it
         # started in the container is the next claim's to stop (the attempt ends CANCELLED, the
-        # bed marked for a restart); the host-side `docker` dies with this process.
+        # bed marked for a restart); the host-side `docker` dies with this process. Over SSH it
+        # does not: it runs on until its command or the transport's `timeout` around it ends
+        # (tests/test_inspect_ssh.py sees it outlive `inspect`; docs/inspect.md).
         return await _in_daemon_thread(
             lambda: self.bed.run(
                 argv, timeout=timeout, stdout_limit=limit, stderr_limit=64 * 1024, input=data
