@@ -8,7 +8,6 @@ The farm's record and Inspect's own log must say the same thing.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from inspect_ai.log import list_eval_logs, read_eval_log
 
 from apg_farm.fixtures import simbed
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, Sweep
-from tests.inspect_beds import container_pool
+from tests.inspect_beds import container_pool, farm_report
 from tests.simbeds import bed_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,15 +214,7 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
                 assert score.metadata and score.metadata["apg_outcome"] == farm
 
         # apg-farm's report of the Inspect-driven sweep: the same pass rates.
-        report = subprocess.run(
-            [str(Path(sys.executable).with_name("apg-farm")), "report", "e2e", "--format", "json"],
-            env={**env, "APG_FARM_DATABASE_URL": str(config.database_url)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert report.returncode == 0, report.stderr
-        doc: dict[str, Any] = json.loads(report.stdout)
+        doc = farm_report("e2e", str(config.database_url), env)
         rates = _model_rates(doc)
         accuracy = {log.eval.model: _accuracy(log) for log in logs}
         for model, value in accuracy.items():

@@ -6,14 +6,12 @@ running, no bed leased, and its report equals Inspect's scores.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -24,7 +22,7 @@ pytest.importorskip("inspect_ai")
 from inspect_ai.log import list_eval_logs, read_eval_log, read_eval_log_sample_summaries
 
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, Sweep
-from tests.inspect_beds import TIMEOUTS, container_pool
+from tests.inspect_beds import TIMEOUTS, container_pool, farm_report
 from tests.simbeds import bed_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,15 +182,7 @@ def test_an_interrupted_eval_set_run_again_counts_each_sample_once(tmp_path: Pat
                 assert bed.state == "active", (bed.name, bed.state_reason)
         assert any(e.result == "CANCELLED" for e in executions)
 
-        report = subprocess.run(
-            [str(BIN / "apg-farm"), "report", f"inspect-{eval_set_id}", "--format", "json"],
-            env={**env, "APG_FARM_DATABASE_URL": str(config.database_url)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert report.returncode == 0, report.stderr
-        doc: dict[str, Any] = json.loads(report.stdout)
+        doc = farm_report(f"inspect-{eval_set_id}", str(config.database_url), env)
         by_model = {row["model"]: row for row in doc["models"]}
         for model in MODELS:
             mine = [v for (m, _), v in scores.items() if m == model]
