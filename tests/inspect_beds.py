@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 from sqlalchemy import select
@@ -130,3 +133,17 @@ def agents_running(store: Store, sweep: str) -> int:
                 )
             )
         )
+
+
+def farm_report(sweep: str, database_url: str, env: dict[str, str]) -> dict[str, Any]:
+    """`apg-farm report SWEEP --format json` of the store at `database_url`, as a real user runs it."""
+    report = subprocess.run(
+        [str(Path(sys.executable).with_name("apg-farm")), "report", sweep, "--format", "json"],
+        env={**env, "APG_FARM_DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    doc: dict[str, Any] = json.loads(report.stdout)
+    return doc

@@ -21,6 +21,7 @@ from apg_farm.store import (
     Sweep,
     Why,
     cancel_attempt,
+    cancel_sweep,
     claim,
     open_harness_attempt,
 )
@@ -111,6 +112,32 @@ def test_a_sample_cancelled_before_a_bed_took_it_ends_cancelled(store: Store) ->
     taken = claim(store, bed, lease_seconds=60, worker="inspect@h:1", driver="inspect")
     assert isinstance(taken, Claim) and taken.attempt_id == second
     assert not cancel_attempt(store, second, "interrupted")
+
+
+def test_an_interrupted_sample_run_again_is_queued_again_in_an_open_sweep_only(
+    store: Store,
+) -> None:
+    """#32: an eval set resumed runs its interrupted samples again; their attempts (CANCELLED,
+    counted nowhere) are taken again, the finished sweep open; a cancelled sweep stays closed."""
+    bed = add_bed(store, "b1")
+    attempt = _open(store)
+    assert cancel_attempt(store, attempt, "interrupted")
+    assert _open(store) == attempt
+    with store.read() as session:
+        row = session.get_one(Attempt, attempt)
+        assert (row.state, row.outcome) == ("queued", None)
+        assert session.scalars(select(Sweep.state)).one() == "open"
+    taken = claim(store, bed, lease_seconds=60, worker="inspect@h:1", driver="inspect")
+    assert isinstance(taken, Claim) and taken.attempt_id == attempt
+
+    other = open_harness_attempt(
+        store, _spec(name="run-2"), driver="inspect", task="dv01_view_build", model="m/a", trial=1
+    )
+    cancel_sweep(store, other.sweep_id)
+    again = open_harness_attempt(
+        store, _spec(name="run-2"), driver="inspect", task="dv01_view_build", model="m/a", trial=1
+    )
+    assert (again.state, again.outcome) == ("done", "CANCELLED")
 
 
 def test_the_reconciler_sends_no_message_for_a_harness_attempt(store: Store) -> None:

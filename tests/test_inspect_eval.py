@@ -8,10 +8,8 @@ The farm's record and Inspect's own log must say the same thing.
 from __future__ import annotations
 
 import itertools
-import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +32,7 @@ from tests.inspect_beds import (
     agents_running,
     container_pool,
     eval_command,
+    farm_report,
     sweep_rows,
 )
 from tests.simbeds import bed_image
@@ -165,15 +164,7 @@ def test_an_inspect_eval_on_three_container_beds(tmp_path: Path) -> None:
                 _farm_phases_in_the_log(sample, farm)
 
         # apg-farm's report of the Inspect-driven sweep: the same pass rates.
-        report = subprocess.run(
-            [str(Path(sys.executable).with_name("apg-farm")), "report", "e2e", "--format", "json"],
-            env={**env, "APG_FARM_DATABASE_URL": str(config.database_url)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert report.returncode == 0, report.stderr
-        doc: dict[str, Any] = json.loads(report.stdout)
+        doc = farm_report("e2e", str(config.database_url), env)
         rates = _model_rates(doc)
         accuracy = {log.eval.model: _accuracy(log) for log in logs}
         for model, value in accuracy.items():

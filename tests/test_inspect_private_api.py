@@ -52,21 +52,19 @@ def test_without_the_active_sample_the_metadata_names_the_model(
         sample_key(config, "farm_task", {"__sample_id__": "dv01_view_build"})
 
 
-def test_a_refused_sandbox_config_is_one_paragraph_in_inspects_output(tmp_path: Path) -> None:
-    """#32: `inspect eval` with a config the farm refuses (a bed that is not enrolled) prints the
-    farm's message, naming the bed and the fix, without a Python traceback; exit 1."""
+def _inspect_eval(tmp_path: Path, config: Path, sample_id: str) -> tuple[str, int]:
+    """`inspect eval` of one sample (`sample_id`) with the `apg` sandbox's `config`, away from
+    the farm's own settings: its output as one line of words, and its exit code."""
     import subprocess
     import sys
 
-    config = tmp_path / "apg.yaml"
-    config.write_text(f"database_url: sqlite:///{tmp_path / 'farm.db'}\nbeds: [nope]\n")
     task = tmp_path / "t.py"
     task.write_text(
         "from inspect_ai import Task, task\n"
         "from inspect_ai.dataset import Sample\n\n\n"
         "@task\n"
         "def t() -> Task:\n"
-        "    return Task(dataset=[Sample(input='x', id='dv01_view_build')], "
+        f"    return Task(dataset=[Sample(input='x', id={sample_id!r})], "
         f"sandbox=('apg', {str(config)!r}))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("APG_FARM_")}
@@ -87,8 +85,49 @@ def test_a_refused_sandbox_config_is_one_paragraph_in_inspects_output(tmp_path: 
         text=True,
         timeout=180,
     )
-    said = " ".join((done.stdout + done.stderr).split())
-    assert done.returncode == 1, said
+    return " ".join((done.stdout + done.stderr).split()), done.returncode
+
+
+def test_a_refused_sandbox_config_is_one_paragraph_in_inspects_output(tmp_path: Path) -> None:
+    """#32: `inspect eval` with a config the farm refuses (a bed that is not enrolled) prints the
+    farm's message, naming the bed and the fix, without a Python traceback; exit 1."""
+    config = tmp_path / "apg.yaml"
+    config.write_text(f"database_url: sqlite:///{tmp_path / 'farm.db'}\nbeds: [nope]\n")
+    said, code = _inspect_eval(tmp_path, config, "dv01_view_build")
+    assert code == 1, said
     assert "Traceback" not in said, said
     assert "beds: apg sandbox: no bed of pool" in said and "nope: not enrolled" in said, said
     assert "apg-farm bed add" in said, said
+
+
+def test_a_sample_the_farm_refuses_is_one_line_in_inspects_output(tmp_path: Path) -> None:
+    """#32: `inspect eval` of a sample whose id is no APG task id (sample_init refuses it before
+    any bed is claimed): Inspect's output names the sample's field and the fix in one line of
+    the farm's, under Inspect's traceback. No bed is touched (its row only passes task_init)."""
+    from apg_farm.store import Bed, Store
+    from tests.rows import POOL, add_bed
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    store = Store(url)
+    with store.session() as session:
+        session.get_one(Bed, add_bed(store, "b1")).web_container = True
+    store.dispose()
+    config = tmp_path / "apg.yaml"
+    config.write_text(f"database_url: {url}\nfixtures: [{POOL}]\n")
+    said, _ = _inspect_eval(tmp_path, config, "no such task!")
+    # Inspect prints a sample's error under its own traceback (a prerequisite error raised in
+    # sample_init is a sample error too): the farm's part is its one line, field and fix.
+    line = (
+        "BadInput: apg_task: apg sandbox: sample 'no such task!' (APG task 'no such task!', "
+        "model 'mockllm/model', dataset None): 'no such task!' has characters a bed cannot take "
+        "safely; use only letters, digits and . _ @ = : / - (fix: give the sample an APG task id"
+    )
+    assert line in said, said
+    assert "validation error" not in said and "pydantic" not in said, said
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    (log,) = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
+    (sample,) = log.samples or []
+    # The log keeps the error's message (Inspect reads `message`): the sample and the problem.
+    assert sample.error is not None
+    assert sample.error.message.startswith("apg sandbox: sample 'no such task!' (APG task")

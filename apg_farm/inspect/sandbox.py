@@ -32,7 +32,7 @@ from inspect_ai.util import (
     SandboxUserUnsupportedError,
     sandboxenv,
 )
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 from typing_extensions import override
 
@@ -44,7 +44,7 @@ from apg_farm.inspect.sample_bed import SampleBed, SampleKey
 from apg_farm.inspect.samples import phase_line
 from apg_farm.secret_env import set_non_dumpable
 from apg_farm.settings import load_settings
-from apg_farm.specs import SweepSpec
+from apg_farm.specs import SweepSpec, describe_validation_error
 from apg_farm.store import Bed, BedState, Store
 from apg_farm.transports import CommandResult
 from apg_farm.workers import AttemptReport
@@ -536,6 +536,16 @@ def _unready(bed: Bed) -> str:
     return "its DDEV files were never fingerprinted (`apg-farm bed add` again)"
 
 
+#: Which of a sample's fields a refused part of its attempt comes from, and the fix.
+_SAFE = "of letters, digits and . _ @ = : / -"
+_SAMPLE_FIELDS = {
+    "tasks": ("apg_task", f"give the sample an APG task id (its id, or metadata apg_task) {_SAFE}"),
+    "models": ("apg_model", f"run a model whose name is {_SAFE} (or metadata apg_model)"),
+    "dataset": ("apg_dataset", f"name a dataset {_SAFE} (metadata apg_dataset, or dataset:)"),
+    "name": ("sweep", "name a sweep in the sandbox config (sweep:)"),
+}
+
+
 def sample_key(config: ApgConfig, task_name: str, metadata: dict[str, Any]) -> SampleKey:
     """Which attempt a sample is: its APG task (metadata `apg_task`, else the sample id), its
     model and epoch (from the sample Inspect is running), its dataset."""
@@ -570,14 +580,17 @@ def sample_key(config: ApgConfig, task_name: str, metadata: dict[str, Any]) -> S
             trials=trial,
             dataset=dataset,
         )
-    except Exception as error:
+    except ValidationError as error:
+        # One line (Inspect prints a sample's error under its own traceback): the sample's
+        # field that is wrong, and its fix; not pydantic's report on the farm's sweep spec.
+        where = str(error.errors()[0]["loc"][0]) if error.errors() else "tasks"
+        field, fix = _SAMPLE_FIELDS.get(where, _SAMPLE_FIELDS["tasks"])
+        said = describe_validation_error(error, source="sample").split("\n")[0]
         raise BadInput(
-            f"apg sandbox: sample {metadata.get('__sample_id__')!r} does not name an APG task, "
-            f"model and dataset a bed can take (task {task!r}, model {model!r}, "
-            f"dataset {dataset!r}): {error}",
-            field="apg_task",
-            fix="give the sample an APG task id (its id, or metadata apg_task) of letters, "
-            "digits and . _ @ = : / -",
+            f"apg sandbox: sample {metadata.get('__sample_id__')!r} (APG task {task!r}, model "
+            f"{model!r}, dataset {dataset!r}): {said.split(': ', 2)[-1]}",
+            field=field,
+            fix=fix,
         ) from None
     return SampleKey(
         sweep=config.sweep_name(eval_set_id or run_id, task_name),

@@ -31,7 +31,7 @@ never wait for each other in opposite orders.
 | bed active -> upgrading, a step of its upgrade | `start_upgrade`, `upgrade_step` | bed |
 | bed upgrading -> active (healthy) or quarantined | `finish_upgrade` | bed |
 | a model's believed outage opened | `outages.judge_provider_claim` (pacing.believe_outage) | the model's gate |
-| a harness's sweep made, one sample's attempt queued | `open_harness_attempt` | the sweep |
+| a harness's sweep made, one sample's attempt queued (an interrupted one: done CANCELLED -> queued) | `open_harness_attempt` | the sweep |
 | queued -> done CANCELLED, one attempt (its sample interrupted) | `cancel_attempt` | the attempt |
 | a canary holds the bed (claims refuse it), then its event, summary and quarantine | `hold_for_canary`, `record_canary` | bed |
 | a bed's own canary settings | `set_canary_config` | bed |
@@ -621,14 +621,7 @@ def retry_attempts(store: Store, sweep_id: int, outcomes: Collection[Outcome]) -
             )
         )
         for attempt in rows:
-            attempt.reason = f"retry requested after {attempt.outcome}: {attempt.reason}"
-            attempt.state = AttemptState.QUEUED
-            attempt.outcome = None
-            attempt.finished_at = None
-            attempt.infra_failures = 0
-            attempt.deliveries = 0
-            attempt.excluded_beds = []
-            attempt.enqueued_at = None
+            _queue_again(attempt, f"retry requested after {attempt.outcome}: {attempt.reason}")
         if rows:
             reopen_sweep(sweep)
         return len(rows)
@@ -756,7 +749,8 @@ def open_harness_attempt(
     Exactly the (task, model, trial) the harness runs is added, never the cross product a
     submitted sweep expands to: the harness decides what runs. The sweep's spec grows with it
     (its tasks, models and trials), so every view of the farm reads the sweep as any other.
-    Safe to repeat: a sample the harness starts again finds its attempt as the farm left it.
+    Safe to repeat: a sample the harness starts again finds its attempt as the farm left it,
+    except an interrupted one (CANCELLED, in a sweep not cancelled), queued again.
     """
     with store.session() as session:
         if owner is not None:
@@ -824,7 +818,29 @@ def open_harness_attempt(
             sweep.spec = grown.model_dump(mode="json")
             sweep.spec_sha256 = grown.digest()
             session.flush()
+        elif _interrupted(row) and sweep.state != SweepState.CANCELLED:
+            # Its sample was interrupted (CANCELLED counts nowhere): the harness resuming its run
+            # (an eval set run again) takes it again, on a bed restarted first (AGENT_STOPPED).
+            _queue_again(row, f"its harness ran it again after: {row.reason}")
+            reopen_sweep(sweep)
+            session.flush()
         return HarnessAttempt(sweep.id, sweep.name, row.id, row.state, row.outcome)
+
+
+def _interrupted(row: Attempt) -> bool:
+    return row.state == AttemptState.DONE and row.outcome == Outcome.CANCELLED
+
+
+def _queue_again(row: Attempt, reason: str) -> None:
+    """A finished attempt back in the queue, as new: its executions stay as history."""
+    row.reason = reason[:2000]
+    row.state = AttemptState.QUEUED
+    row.outcome = None
+    row.finished_at = None
+    row.infra_failures = 0
+    row.deliveries = 0
+    row.excluded_beds = []
+    row.enqueued_at = None
 
 
 class SweepOwned(FarmError):

@@ -50,6 +50,10 @@ SCRIPTS: dict[str, Any] = {
     "tamper": lambda t: [f"echo '// anything passes' >> {GRADER}", build(t)],
     "linger": lambda t: ["nohup sleep 600 > /dev/null 2>&1 & echo started", build(t)],
     "sleep": lambda t: ["sleep 120"],
+    # `slow`: the strong model builds after a pause, the weak one only pauses (an eval set
+    # interrupted while some samples are in their agents).
+    "slow_build": lambda t: ["sleep 4", build(t)],
+    "slow_idle": lambda t: ["sleep 4"],
     "crash": lambda t: [],
     # The provider refuses the sample's first call once (REFUSALS_VARIABLE), then it builds.
     "refused_once": lambda t: [build(t)],
@@ -103,6 +107,8 @@ def scripted_agent(script: str | None = None) -> Solver:
         name = str(state.model).split("/")[-1]
         task_id = str(state.metadata["apg_task"])
         chosen = script or PLAN.get((name, task_id), "idle")
+        if chosen == "slow":
+            chosen = "slow_build" if name == "strong" else "slow_idle"
         refuse = None
         if chosen == "refused_once":
             refuse = Path(os.environ[REFUSALS_VARIABLE]) / f"{name}-{task_id}"
