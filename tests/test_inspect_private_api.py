@@ -52,6 +52,34 @@ def test_without_the_active_sample_the_metadata_names_the_model(
         sample_key(config, "farm_task", {"__sample_id__": "dv01_view_build"})
 
 
+def test_without_inspects_subprocess_limit_a_local_exec_takes_the_cpu_count(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """exec's `concurrency`: Inspect's subprocess limit unreadable, a local bed's command still
+    runs, under a limit of the CPU count, and the log says why."""
+    import anyio
+
+    from apg_farm.inspect.sandbox import ApgSandboxEnvironment
+
+    class LocalBed:
+        bed_name = "b0"
+
+        def ssh_target(self) -> None:
+            return None
+
+    monkeypatch.setattr(private, "max_subprocesses", _broken)
+    env = ApgSandboxEnvironment(LocalBed())  # type: ignore[arg-type]
+
+    async def throttled() -> int:
+        async with env._throttle(True) as held:
+            return int(getattr(held, "concurrency", 0))
+
+    with caplog.at_level(logging.WARNING):
+        limit = anyio.run(throttled)
+    assert limit == (os.cpu_count() or 1)
+    assert f"max_subprocesses failed under inspect_ai {inspect_version()}" in caplog.text
+
+
 def _inspect_eval(tmp_path: Path, config: Path, sample_id: str) -> tuple[str, int]:
     """`inspect eval` of one sample (`sample_id`) with the `apg` sandbox's `config`, away from
     the farm's own settings: its output as one line of words, and its exit code."""

@@ -93,6 +93,52 @@ async def test_connect_opens_a_shell_in_the_leased_container(held: HeldSample) -
     assert "connected-42" in done.stdout and "/var/www/html" in done.stdout, done.stdout
 
 
+#: The container's `timeout` made to hang once (while /tmp/hang exists): a `docker exec` that
+#: does not come back by the host's deadline, as a hung Docker daemon leaves it.
+_HANG_ONCE = (
+    "mv /usr/bin/timeout /usr/bin/timeout.real && printf '%s\\n' '#!/bin/sh' "
+    "'if [ -e /tmp/hang ]; then rm -f /tmp/hang; exec sleep 601; fi' "
+    "'exec /usr/bin/timeout.real \"$@\"' > /usr/bin/timeout && chmod 755 /usr/bin/timeout"
+)
+
+
+async def test_a_docker_exec_past_its_deadline_is_tried_again_only_when_asked(
+    held: HeldSample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#32: exec's `timeout_retry`, as Inspect's docker provider: a command whose `docker exec`
+    outlives the host's deadline is tried again (True, the default), or raises TimeoutError at
+    once (False). The command's own timeout (exit 124) is never retried."""
+    import time
+
+    from apg_farm.inspect import container
+
+    monkeypatch.setattr(container, "HOST_SLACK", 1)  # the host's deadline: timeout + 5 + 1 s
+    env = held.env
+    setup = await env.exec(["sh", "-c", _HANG_ONCE], user="root")
+    assert setup.success, setup.stderr
+    try:
+        await env.exec(["touch", "/tmp/hang"])
+        began = time.monotonic()
+        again = await env.exec(["echo", "retried"], timeout=2)
+        assert again.stdout == "retried\n" and time.monotonic() - began >= 8
+
+        await env.exec(["touch", "/tmp/hang"])
+        began = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await env.exec(["echo", "never"], timeout=2, timeout_retry=False)
+        assert time.monotonic() - began < 16  # one try, not three
+
+        began = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await env.exec(["sleep", "30"], timeout=2)  # its own timeout: no retry
+        assert time.monotonic() - began < 8
+    finally:
+        await env.exec(
+            ["sh", "-c", "mv -f /usr/bin/timeout.real /usr/bin/timeout; pkill -f 'sleep 601'"],
+            user="root",
+        )
+
+
 async def test_the_checks_ran_as_a_farm_attempt_on_a_leased_bed(held: HeldSample) -> None:
     """After every check: the sample is the farm's attempt, judged by the farm's phases."""
     report = await held.env.judge()

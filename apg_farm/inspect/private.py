@@ -1,4 +1,4 @@
-"""Every private Inspect API the `apg` sandbox uses (three readings, and the error class Inspect
+"""Every private Inspect API the `apg` sandbox uses (four readings, and the error class Inspect
 prints without a traceback), in one place: what a newer Inspect may move
 or change without notice. Each is called through this module (`private.NAME()`), so a test can
 break one as an upgrade would; the callers guard each call (sandbox.py) so that a failure costs
@@ -32,6 +32,14 @@ def transcript() -> Any:
     from inspect_ai.log._transcript import transcript as current
 
     return current()
+
+
+def max_subprocesses() -> int | None:
+    """How many subprocesses Inspect lets an eval run at once (`--max-subprocesses`)."""
+    from inspect_ai.util._subprocess import max_subprocesses_context_var
+
+    value = max_subprocesses_context_var.get()
+    return int(value) if value else None
 
 
 def config_error(error: FarmError) -> FarmError:

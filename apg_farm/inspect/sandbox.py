@@ -9,14 +9,17 @@ engine judge the bed; an interrupted sample ends CANCELLED. docs/inspect.md says
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
 import logging
+import os
 import shlex
 import threading
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, TypeVar, overload
 
 import anyio
@@ -32,6 +35,7 @@ from inspect_ai.util import (
     SandboxUserUnsupportedError,
     sandboxenv,
 )
+from inspect_ai.util import concurrency as inspect_concurrency
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 from typing_extensions import override
@@ -79,6 +83,9 @@ async def _in_thread(work: Callable[[], T]) -> T:
 
 #: How often a command's thread is looked at (a `docker exec` takes 50 ms or more).
 _POLL = 0.01
+#: Tries again of a command whose `docker exec` outlived the host's deadline (exec's
+#: `timeout_retry`, as Inspect's docker provider: twice).
+TIMEOUT_RETRIES = 2
 
 
 async def _in_daemon_thread(work: Callable[[], T]) -> T:
@@ -269,17 +276,37 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         timeout_retry: bool = True,
         concurrency: bool = True,
     ) -> ExecResult[str]:
-        try:
-            argv = container.exec_argv(
-                self.bed.container, cmd, cwd=cwd, env=env, timeout=timeout, user=user
-            )
-        except ValueError as error:
-            if user is not None and "user" in str(error):
-                raise SandboxUserUnsupportedError(str(error)) from None
-            raise BadInput(f"cannot run {cmd[:1]!r} in the bed: {error}") from None
         data = input.encode("utf-8") if isinstance(input, str) else input
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
-        result = await self._run(argv, container.host_timeout(timeout), limit, data)
+        tries = 0
+        while True:
+            # As Inspect's docker provider: a command whose `docker exec` did not come back by
+            # the host's deadline (not the in-container timeout: that is the command's own) is
+            # tried again, up to twice, with min(timeout, 60) // n seconds. Each try is one
+            # more bounded command of the sample's: none runs once the farm judges the bed.
+            seconds = (
+                timeout if tries == 0 or timeout is None else max(min(timeout, 60) // tries, 1)
+            )
+            try:
+                argv = container.exec_argv(
+                    self.bed.container, cmd, cwd=cwd, env=env, timeout=seconds, user=user
+                )
+            except ValueError as error:
+                if user is not None and "user" in str(error):
+                    raise SandboxUserUnsupportedError(str(error)) from None
+                raise BadInput(f"cannot run {cmd[:1]!r} in the bed: {error}") from None
+            async with self._throttle(concurrency):
+                result = await self._run(argv, container.host_timeout(seconds), limit, data)
+            if not (result.timed_out and timeout_retry and timeout is not None):
+                break
+            if tries == TIMEOUT_RETRIES:
+                break
+            tries += 1
+            logging.getLogger(__name__).info(
+                "apg sandbox: bed %s: `docker exec` did not return by its deadline; retry %d",
+                self.bed.bed_name,
+                tries,
+            )
         if container.timed_out(result, timeout):
             expired = TimeoutError(f"Command timed out after {timeout} seconds")
             # What it printed before the deadline, where Inspect's tools look for it.
@@ -348,6 +375,19 @@ class ApgSandboxEnvironment(SandboxEnvironment):
                 argv, timeout=timeout, stdout_limit=limit, stderr_limit=64 * 1024, input=data
             )
         )
+
+    def _throttle(self, concurrency: bool) -> AbstractAsyncContextManager[object]:
+        """Inspect's limit on local subprocesses (`--max-subprocesses`), when the call asks for
+        it and the command is one: a local bed's `docker exec` is a process of this host, a
+        remote bed's an SSH channel."""
+        if not concurrency or self.bed.ssh_target() is not None:
+            return contextlib.nullcontext()
+        try:
+            most = private.max_subprocesses()
+        except Exception as error:
+            _private_api_failed("max_subprocesses", error)
+            most = None
+        return inspect_concurrency("subprocesses", most or os.cpu_count() or 1, resizable=True)
 
     def _file_result(self, result: CommandResult, file: str, what: str) -> None:
         if result.rc == 0:
