@@ -22,7 +22,6 @@ value is a URL with a password in it. Moving a harmless variable costs nothing: 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import sys
@@ -121,6 +120,8 @@ def set_non_dumpable() -> bool:
     """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/environ, mem and fd of this process (and of the
     children it forks without exec, such as Celery's pool) become readable by root only. True
     when it took effect. A process started by exec is dumpable again."""
+    import ctypes  # here: the image that only re-execs itself never needs it
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0

@@ -8,20 +8,29 @@ import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from apg_farm.defaults import AGENT_START_SECONDS, PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX
 from apg_farm.errors import BadInput
 
 
-class Settings(BaseSettings):
-    """Process-wide settings; every farm process reads the same ones."""
+class Settings(BaseModel):
+    """Process-wide settings; every farm process reads the same ones: each field from
+    `APG_FARM_<FIELD>` (any case) unless given as an argument."""
 
     # inf and nan are no durations: APG_FARM_LEASE_SECONDS=inf was taken (#31).
-    model_config = SettingsConfigDict(env_prefix="APG_FARM_", extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     home: Path = Field(default_factory=lambda: Path.home() / ".apg-farm")
     """Folder for the embedded database and the demo's beds."""
@@ -82,6 +91,21 @@ class Settings(BaseSettings):
     folder on the bed's host: this machine for a local bed, the bed's own host for an SSH bed.
     Unset: `<home>/evidence` for a local bed, `~/.apg-farm-evidence` on an SSH bed's host. It must
     lie outside the bed's approot and every container mount (refused otherwise)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_environment(cls, given: Any) -> Any:
+        # What pydantic-settings did for this model (its import was a fifth of a read
+        # command's start-up, #31): an argument wins, then the variable, then the default.
+        if not isinstance(given, dict):
+            return given
+        environ = {name.lower(): value for name, value in os.environ.items()}
+        found = {
+            field: environ[f"apg_farm_{field}"]
+            for field in cls.model_fields
+            if f"apg_farm_{field}" in environ
+        }
+        return {**found, **given}
 
     @field_validator("evidence_dir")
     @classmethod

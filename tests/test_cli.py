@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from sqlalchemy import select
 
 from apg_farm.store import Bed, BedState, Execution, Store
@@ -254,6 +255,7 @@ def test_the_command_tree_imports_nothing_heavy() -> None:
 #: jsonschema (only grading and export validate).
 NOT_FOR_READING = {
     "alembic",
+    "pydantic_settings",
     "celery",
     "kombu",
     "paramiko",
@@ -282,6 +284,29 @@ def _loaded_by(home: Path, *args: str) -> set[str]:
     return set(done.stdout.strip().splitlines()[-1].split(","))
 
 
+def test_a_command_builds_only_its_branch_of_the_tree() -> None:
+    """Typer builds each command's parameters before it parses: `sweep list` gets the `sweep`
+    group alone, `report` itself; the root's help, its version, a mistyped command and an
+    option's value keep the whole tree (the list, the "did you mean")."""
+    from apg_farm.cli.app import app, branch_of
+
+    def names(tree: typer.Typer) -> list[str]:
+        return [g.name for g in tree.registered_groups if g.name] + [
+            c.name or typer.main.get_command_name(c.callback.__name__)
+            for c in tree.registered_commands
+            if c.callback is not None
+        ]
+
+    assert names(branch_of(app, ["sweep", "list"])) == ["sweep"]
+    assert names(branch_of(app, ["-v", "--log-level", "debug", "report", "s"])) == ["report"]
+    assert names(branch_of(app, ["--log-level=debug", "bed", "list"])) == ["bed"]
+    whole = names(app)
+    assert len(whole) > 10
+    for args in (["--help"], ["--version"], ["swep", "list"], ["--help", "sweep"], []):
+        assert names(branch_of(app, args)) == whole, args
+    assert names(app) == whole  # the app itself keeps every command
+
+
 def test_read_commands_import_only_what_they_read(tmp_path: Path) -> None:
     """`sweep list` and `report` load the store and the results they print, not Celery, paramiko,
     Alembic, jsonschema, the beds, the scheduler or the workers; `sweep list` not the analysis
@@ -297,7 +322,13 @@ def test_read_commands_import_only_what_they_read(tmp_path: Path) -> None:
         loaded = _loaded_by(home, *args)
         assert "apg_farm.store.models" in loaded, args  # the probe ran the command
         assert {m.split(".")[0] for m in loaded} & NOT_FOR_READING == set(), args
-        wings = ("apg_farm.beds", "apg_farm.scheduler", "apg_farm.workers", "apg_farm.dashboard")
+        wings = (
+            "apg_farm.beds",
+            "apg_farm.scheduler",
+            "apg_farm.workers",
+            "apg_farm.dashboard",
+            "apg_farm.transports",
+        )
         assert not [m for m in loaded if m.startswith(wings)], args
     listing = _loaded_by(home, "sweep", "list")
     assert "apg_farm.results.listing" in listing

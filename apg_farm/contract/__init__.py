@@ -14,127 +14,134 @@ Imports only transports.
 
 from __future__ import annotations
 
-from apg_farm.contract.argv import (
-    SAFE_ARG,
-    check_arg,
-    claude_check,
-    diff,
-    doctor,
-    escrow,
-    grade,
-    provision,
-    reset,
-    restart,
-    run,
-    trusted_verify,
-    verify,
-    web_exec,
-)
-from apg_farm.contract.bedenv import (
-    ALLOWED_BASE_NAMES,
-    ATTEMPT_VARIABLE,
-    FORCED,
-    bed_environment,
-    is_credential_shaped,
-    is_farm_setting,
-)
-from apg_farm.contract.claims import (
-    BED_CONFIGURATION,
-    CLAIM_CHECKS,
-    Check,
-    Finding,
-    Reproduced,
-    checks_for,
-    judge_reproduction,
-)
-from apg_farm.contract.envelope import (
-    MAX_ENVELOPE_BYTES,
-    SCHEMA_VERSION,
-    EnvelopeError,
-    Grade,
-    model_matches,
-    read_grade,
-    schema_validator,
-)
-from apg_farm.contract.outcomes import (
-    CONTINUE,
-    COUNTED,
-    DDEV_FOLDER_MISSING,
-    ESCROW_SET_MISSING,
-    GRADED,
-    TOKENS,
-    UNESCROWED,
-    UNFINGERPRINTED,
-    Outcome,
-    Verdict,
-    after_agent,
-    judge_at_baseline,
-    judge_claim,
-    judge_ddev_check,
-    judge_escrow_check,
-    judge_grade,
-    judge_graded_at_baseline,
-    judge_reset,
-    judge_run,
-    judge_verify_after,
-    judge_verify_before,
-    needs_baseline_grade,
-    with_quarantine,
-    with_unchecked,
-)
-from apg_farm.contract.output import (
-    PhaseOutput,
-    read_output,
-)
-from apg_farm.contract.pins import (
-    PINNED_FIELDS,
-    DatasetRead,
-    judge_pinned,
-    pin_problem,
-    read_of,
-    skipped_read,
-)
-from apg_farm.contract.provenance import (
-    FINGERPRINTS,
-    MAX_PROVENANCE_VALUE,
-    PROVENANCE_FIELDS,
-    PROVENANCE_LIBRARY,
-    envelope_provenance,
-)
-from apg_farm.contract.records import (
-    RunRecord,
-    run_record,
-)
-from apg_farm.contract.reports import (
-    parse_escrow_path,
-    parse_json_report,
-)
-from apg_farm.contract.rerun_kinds import (
-    FARM_KINDS,
-    KINDS,
-    LOST_ON_HOST,
-    SECOND_CHANCE_KINDS,
-    TEXT_RULES,
-    headline_outcome,
-    kind_of_text,
-    lost_kind,
-    rerun_kind_of,
-    stored_kind,
-)
-from apg_farm.contract.runs import (
-    RunIdDiscovery,
-    discover_run_id,
-    printed_run_ids,
-)
-from apg_farm.contract.site import SiteState, site_state
-from apg_farm.contract.tokens import (
-    DdevFailure,
-    Token,
-    parse_ddev_failure,
-    parse_tokens,
-    strip_ansi,
-)
-from apg_farm.contract.usage import USAGE_FILES, USAGE_LIMIT, Usage, read_usage
+from typing import TYPE_CHECKING
+
+from apg_farm.lazy_exports import lazy_exports
+
+# The names, imported when first used (lazy_exports.py): a read command that needs `Outcome`
+# loads the outcome policy, not the transports, the envelope schema or the run readers.
+if TYPE_CHECKING:
+    from apg_farm.contract.argv import (
+        SAFE_ARG,
+        check_arg,
+        claude_check,
+        diff,
+        doctor,
+        escrow,
+        grade,
+        provision,
+        reset,
+        restart,
+        run,
+        trusted_verify,
+        verify,
+        web_exec,
+    )
+    from apg_farm.contract.bedenv import (
+        ALLOWED_BASE_NAMES,
+        ATTEMPT_VARIABLE,
+        FORCED,
+        bed_environment,
+        is_credential_shaped,
+        is_farm_setting,
+    )
+    from apg_farm.contract.claims import (
+        BED_CONFIGURATION,
+        CLAIM_CHECKS,
+        Check,
+        Finding,
+        Reproduced,
+        checks_for,
+        judge_reproduction,
+    )
+    from apg_farm.contract.envelope import (
+        MAX_ENVELOPE_BYTES,
+        SCHEMA_VERSION,
+        EnvelopeError,
+        Grade,
+        model_matches,
+        read_grade,
+        schema_validator,
+    )
+    from apg_farm.contract.outcomes import (
+        CONTINUE,
+        COUNTED,
+        DDEV_FOLDER_MISSING,
+        ESCROW_SET_MISSING,
+        GRADED,
+        TOKENS,
+        UNESCROWED,
+        UNFINGERPRINTED,
+        Outcome,
+        Verdict,
+        after_agent,
+        judge_at_baseline,
+        judge_claim,
+        judge_ddev_check,
+        judge_escrow_check,
+        judge_grade,
+        judge_graded_at_baseline,
+        judge_reset,
+        judge_run,
+        judge_verify_after,
+        judge_verify_before,
+        needs_baseline_grade,
+        with_quarantine,
+        with_unchecked,
+    )
+    from apg_farm.contract.output import (
+        PhaseOutput,
+        read_output,
+    )
+    from apg_farm.contract.pins import (
+        PINNED_FIELDS,
+        DatasetRead,
+        judge_pinned,
+        pin_problem,
+        read_of,
+        skipped_read,
+    )
+    from apg_farm.contract.provenance import (
+        FINGERPRINTS,
+        MAX_PROVENANCE_VALUE,
+        PROVENANCE_FIELDS,
+        PROVENANCE_LIBRARY,
+        envelope_provenance,
+    )
+    from apg_farm.contract.records import (
+        RunRecord,
+        run_record,
+    )
+    from apg_farm.contract.reports import (
+        parse_escrow_path,
+        parse_json_report,
+    )
+    from apg_farm.contract.rerun_kinds import (
+        FARM_KINDS,
+        KINDS,
+        LOST_ON_HOST,
+        SECOND_CHANCE_KINDS,
+        TEXT_RULES,
+        headline_outcome,
+        kind_of_text,
+        lost_kind,
+        rerun_kind_of,
+        stored_kind,
+    )
+    from apg_farm.contract.runs import (
+        RunIdDiscovery,
+        discover_run_id,
+        printed_run_ids,
+    )
+    from apg_farm.contract.site import SiteState, site_state
+    from apg_farm.contract.tokens import (
+        DdevFailure,
+        Token,
+        parse_ddev_failure,
+        parse_tokens,
+        strip_ansi,
+    )
+    from apg_farm.contract.usage import USAGE_FILES, USAGE_LIMIT, Usage, read_usage
 
 __all__ = [
     "ALLOWED_BASE_NAMES",
@@ -237,3 +244,5 @@ __all__ = [
     "with_quarantine",
     "with_unchecked",
 ]
+
+__getattr__ = lazy_exports(__name__, __file__)
