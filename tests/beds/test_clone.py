@@ -65,13 +65,6 @@ def image() -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'farm.db'}")
-    yield s
-    s.dispose()
-
-
-@pytest.fixture
 def folders(tmp_path: Path) -> Iterator[list[Path]]:
     """Approots whose containers are removed at the end, whatever the test did."""
     made: list[Path] = []

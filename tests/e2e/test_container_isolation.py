@@ -26,13 +26,6 @@ TASK = "dv01_view_build"
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'farm.db'}")
-    yield s
-    s.dispose()
-
-
-@pytest.fixture
 def beds_made() -> Iterator[list[Path]]:
     """Approots whose containers are removed at the end, whatever the test did."""
     made: list[Path] = []

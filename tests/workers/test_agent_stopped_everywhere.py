@@ -37,13 +37,6 @@ NO_SKILL = {"skill": {m: {t: 0.0 for t in simbed.DEFAULT_TASKS} for m in simbed.
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'farm.db'}")
-    yield s
-    s.dispose()
-
-
-@pytest.fixture
 def made(tmp_path: Path) -> Iterator[list[Path]]:
     approots: list[Path] = []
     yield approots
