@@ -56,19 +56,19 @@ INSPECT_SANDBOX = "apg_farm/inspect/sandbox.py"
 INSPECT_SCORER = "apg_farm/inspect/scorer.py"
 WORKER_CLAIMS = "workers/claims.py"
 
-T_OUTCOMES = "tests/test_outcomes.py"
-T_ENVELOPE = "tests/test_envelope.py"
-T_CONTRACT = "tests/test_contract.py"
-T_STORE = "tests/test_store.py"
-T_CLAIMS = "tests/test_claim_branches.py"
-T_PACING = "tests/test_pacing.py"
-T_SEAL = "tests/test_seal.py"
-T_DASH = "tests/test_dashboard.py"
-T_STATS = "tests/test_stats.py"
-T_ENGINE = "tests/test_engine.py"
-T_ATTACKS = "tests/test_attacks.py"
-T_WORKTREE = "tests/test_worktree.py"
-REFUSED = "tests/test_inspect_eval.py::test_a_sample_whose_provider_refused_its_first_call_is_run_again_at_no_cost"
+T_OUTCOMES = "tests/contract/test_outcomes.py"
+T_ENVELOPE = "tests/contract/test_envelope.py"
+T_CONTRACT = "tests/contract/test_contract.py"
+T_STORE = "tests/store/test_store.py"
+T_CLAIMS = "tests/store/test_claim_branches.py"
+T_PACING = "tests/store/test_pacing.py"
+T_SEAL = "tests/results/test_seal.py"
+T_DASH = "tests/dashboard/test_dashboard.py"
+T_STATS = "tests/results/test_stats.py"
+T_ENGINE = "tests/workers/test_engine.py"
+T_ATTACKS = "tests/cli/test_attacks.py"
+T_WORKTREE = "tests/workers/test_worktree.py"
+REFUSED = "tests/e2e/test_inspect_eval.py::test_a_sample_whose_provider_refused_its_first_call_is_run_again_at_no_cost"
 
 
 @dataclass(frozen=True)
@@ -370,7 +370,7 @@ MUTANTS: tuple[Mutant, ...] = (
         CLAIMS,
         "if not bed.escrow_set and not bed.untrusted_verifier:",
         "if not bed.escrow_set and bed.untrusted_verifier is False and bed.escrow_files:",
-        "tests/test_quarantine.py::test_no_unattended_attempt_on_a_bed_without_escrow",
+        "tests/workers/test_quarantine.py::test_no_unattended_attempt_on_a_bed_without_escrow",
     ),
     # pacing.py: budgets, caps, breakers
     m(
@@ -472,7 +472,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ENGINE,
         "self.run_seconds = math.inf if result.timed_out else result.duration",
         "self.run_seconds = result.duration",
-        "tests/test_embedded.py::test_a_hung_run_is_killed_and_scored[sqlite]",
+        "tests/workers/test_embedded.py::test_a_hung_run_is_killed_and_scored[sqlite]",
     ),
     m(
         "envelope-model-unchecked",
@@ -509,7 +509,7 @@ MUTANTS: tuple[Mutant, ...] = (
         LIFECYCLE,
         "        if row.state == BedState.REMOVED:\n            raise NotReleasable(",
         "        if False:\n            raise NotReleasable(",
-        "tests/test_lifecycle.py::test_a_removed_bed_is_not_released[sqlite]",
+        "tests/store/test_lifecycle.py::test_a_removed_bed_is_not_released[sqlite]",
     ),
     m(
         "retry-a-sealed-sweep",
@@ -518,42 +518,42 @@ MUTANTS: tuple[Mutant, ...] = (
         '            raise BadInput(f"sweep {sweep.name} was cancelled", fix="submit it under a new name")',
         "        if sweep.state == SweepState.CANCELLED:\n"
         '            raise BadInput(f"sweep {sweep.name} was cancelled", fix="submit it under a new name")',
-        "tests/test_lifecycle.py::test_a_sealed_sweep_is_not_retried[sqlite-open]",
+        "tests/store/test_lifecycle.py::test_a_sealed_sweep_is_not_retried[sqlite-open]",
     ),
     m(
         "cancel-a-sealed-sweep",
         LIFECYCLE,
         "        refuse_if_sealed(sweep)\n        sweep.state = SweepState.CANCELLED",
         "        sweep.state = SweepState.CANCELLED",
-        "tests/test_lifecycle.py::test_a_sealed_sweep_is_not_cancelled[sqlite]",
+        "tests/store/test_lifecycle.py::test_a_sealed_sweep_is_not_cancelled[sqlite]",
     ),
     m(
         "claim-on-a-draining-bed",
         CLAIMS,
         "        if bed.state != BedState.ACTIVE:\n            return Refusal(",
         "        if bed.state not in (BedState.ACTIVE, BedState.DRAINING):\n            return Refusal(",
-        "tests/test_lifecycle.py::test_a_bed_that_is_not_active_takes_nothing[sqlite-draining]",
+        "tests/store/test_lifecycle.py::test_a_bed_that_is_not_active_takes_nothing[sqlite-draining]",
     ),
     m(
         "retry-back-to-the-same-bed",
         RULES,
         "    row.excluded_beds = sorted({*(row.excluded_beds or []), bed.id})\n",
         "",
-        "tests/test_embedded.py::test_faults_are_contained_and_counts_reconcile[sqlite]",
+        "tests/workers/test_embedded.py::test_faults_are_contained_and_counts_reconcile[sqlite]",
     ),
     m(
         "last-believed-claim-is-error",
         RULES,
         "outcome = Outcome.NO_ATTEMPT if verdict.claim else Outcome.ERROR",
         "outcome = Outcome.ERROR",
-        "tests/test_embedded.py::test_start_failures_everywhere_are_scored_after_the_budget[sqlite]",
+        "tests/workers/test_embedded.py::test_start_failures_everywhere_are_scored_after_the_budget[sqlite]",
     ),
     m(
         "drain-a-bed-that-holds-an-attempt",
         RULES,
         "    if bed.state != BedState.DRAINING or holds_attempt(session, bed.id):",
         "    if bed.state != BedState.DRAINING:",
-        "tests/test_inventory.py::test_removing_a_busy_bed_drains_it_first[sqlite]",
+        "tests/beds/test_inventory.py::test_removing_a_busy_bed_drains_it_first[sqlite]",
         equivalent="record_verdict, its only caller, calls it after settle took the attempt off the "
         "bed, and a bed holds one attempt at a time: the check cannot be false there; it stays "
         "as the rule's own precondition for a future caller",
@@ -563,8 +563,8 @@ MUTANTS: tuple[Mutant, ...] = (
         RULES,
         "        row.provider_failures += 1\n",
         "        row.provider_failures += 1\n        bed.consecutive_errors += 1\n",
-        "tests/test_pacing.py::test_an_outage_on_one_bed_never_quarantines_it[sqlite]",
-        "tests/test_lifecycle.py::test_provider_trouble_leaves_the_beds_failures_in_a_row_alone",
+        "tests/store/test_pacing.py::test_an_outage_on_one_bed_never_quarantines_it[sqlite]",
+        "tests/store/test_lifecycle.py::test_provider_trouble_leaves_the_beds_failures_in_a_row_alone",
     ),
     # --- the project's other files put back before each run (#28) --------------------------
     m(
@@ -604,14 +604,14 @@ MUTANTS: tuple[Mutant, ...] = (
         RERUN_SEAL,
         "        if execution.rerun_kind is not None:",
         "        if False:",
-        "tests/test_seal_fields.py::test_each_sealed_field_changed_is_named[sqlite-executions.rerun_kind=edit]",
+        "tests/results/test_seal_fields.py::test_each_sealed_field_changed_is_named[sqlite-executions.rerun_kind=edit]",
     ),
     m(
         "busy-bed-handed-back",
         CLAIMS,
         "            return Refusal(\n                Why.BED_BUSY,",
         "            return Refusal(\n                Why.EXCLUDED,",
-        "tests/test_lifecycle.py::test_a_bed_holding_a_live_lease_says_so",
+        "tests/store/test_lifecycle.py::test_a_bed_holding_a_live_lease_says_so",
     ),
     # --- the farm's secrets out of /proc (#29), as `demo --attacks` plays it -------------------
     m(
@@ -634,7 +634,7 @@ MUTANTS: tuple[Mutant, ...] = (
         INSPECT_SANDBOX,
         "    if any(isinstance(e, ToolEvent) for e in events) or any(e.error is None for e in calls):",
         "    if any(isinstance(e, ToolEvent) for e in events) or calls:",
-        "tests/test_inspect_never_acted.py",
+        "tests/inspect/test_inspect_never_acted.py",
         REFUSED,
     ),
     m(
@@ -642,14 +642,14 @@ MUTANTS: tuple[Mutant, ...] = (
         INSPECT_SANDBOX,
         "    return False if calls else None",
         "    return False",
-        "tests/test_inspect_never_acted.py",
+        "tests/inspect/test_inspect_never_acted.py",
     ),
     m(
         "scorer-final-outcome",
         INSPECT_SCORER,
         "    counted = headline_outcome(report.outcome, bought)",
         "    counted = headline_outcome(report.outcome, False)",
-        "tests/test_inspect_scorer.py",
+        "tests/inspect/test_inspect_scorer.py",
     ),
     # --- an install claim on a container bed: checked in a restarted container (#29) -----------
     m(
@@ -657,21 +657,21 @@ MUTANTS: tuple[Mutant, ...] = (
         WORKER_CLAIMS,
         "    if attempt.bed.web_container and attempt.claim.spec.agent == CHECKED_ADAPTER:",
         "    if False:",
-        "tests/test_container_claims.py",
+        "tests/e2e/test_container_claims.py",
     ),
     m(
         "project-change-refuted",
         WORKER_CLAIMS,
         '    if state == "changed":',
         '    if state == "never":',
-        "tests/test_claims.py::test_an_honest_project_change_quarantines_its_bed_and_costs_nothing",
+        "tests/workers/test_claims.py::test_an_honest_project_change_quarantines_its_bed_and_costs_nothing",
     ),
     m(
         "lost-on-host-is-the-farms",
         CLAIMS,
         "                    LOST_ON_HOST,\n                ),\n                else_=",
         '                    "lease_lost",\n                ),\n                else_=',
-        "tests/test_store.py::test_a_lease_lost_on_the_workers_host_after_the_agent_started_is_the_agents",
+        "tests/store/test_store.py::test_a_lease_lost_on_the_workers_host_after_the_agent_started_is_the_agents",
     ),
     # --- the regression gate's family of tests (#30) -------------------------------------------
     m(
@@ -679,56 +679,56 @@ MUTANTS: tuple[Mutant, ...] = (
         GATE_FAMILY,
         "    adjusted.update(zip(cell_keys, holm(cell_pvalues), strict=True))",
         "    adjusted.update(zip(cell_keys, cell_pvalues, strict=True))",
-        "tests/test_gate_calibration.py::test_an_unchanged_candidate_fails_at_most_five_percent[50-5]",
+        "tests/results/test_gate_calibration.py::test_an_unchanged_candidate_fails_at_most_five_percent[50-5]",
     ),
     m(
         "gate-models-unadjusted",
         GATE_FAMILY,
         "    adjusted = dict(zip(keys, holm(pvalues), strict=True))",
         "    adjusted = dict(zip(keys, pvalues, strict=True))",
-        "tests/test_gate_calibration.py::test_the_models_share_their_error_by_holm",
+        "tests/results/test_gate_calibration.py::test_the_models_share_their_error_by_holm",
     ),
     m(
         "pair-over-tasks-one-side-ran",
         "apg_farm/results/comparison.py",
         '        mine = [c for c in ran if c["a"]["n"] and c["b"]["n"]]',
         "        mine = ran",
-        "tests/test_regression.py::test_every_figure_of_a_pair_is_over_one_task_set",
+        "tests/results/test_regression.py::test_every_figure_of_a_pair_is_over_one_task_set",
     ),
     m(
         "clustered-df-g-minus-one",
         "apg_farm/results/clustered.py",
         "    return trace * trace / square if square > 0 else float(max(count - 1, 1))",
         "    return float(max(count - 1, 1))",
-        "tests/test_clustered.py::test_the_difference_of_two_samples_is_cr3_of_the_contrast",
+        "tests/results/test_clustered.py::test_the_difference_of_two_samples_is_cr3_of_the_contrast",
     ),
     m(
         "exclusions-not-tallied",
         "apg_farm/results/second_chance.py",
         '            found["excluded"] += int(started)',
         '            found["excluded"] += 0',
-        "tests/test_exclusions.py::test_the_bound_counts_what_was_excluded_after_the_start",
+        "tests/results/test_exclusions.py::test_the_bound_counts_what_was_excluded_after_the_start",
     ),
     m(
         "exclusions-never-warn",
         "apg_farm/results/exclusions.py",
         "    if p < WARN_P:",
         "    if p < 0:",
-        "tests/test_exclusions.py::test_compare_bounds_each_side_and_warns_when_they_differ",
+        "tests/results/test_exclusions.py::test_compare_bounds_each_side_and_warns_when_they_differ",
     ),
     m(
         "harness-sweep-any-owner",
         "apg_farm/store/lifecycle.py",
         "        if owner is not None and held_by is not None and held_by != owner:",
         "        if owner is not None and held_by is not None and held_by == owner + '?':",
-        "tests/test_harness_sweeps.py::test_two_inspect_tasks_over_the_same_ids_are_two_sweeps_each_counted_once",
+        "tests/store/test_harness_sweeps.py::test_two_inspect_tasks_over_the_same_ids_are_two_sweeps_each_counted_once",
     ),
     m(
         "inspect-usage-unguarded",
         "apg_farm/inspect/sandbox.py",
         '        _private_api_failed("sample_model_usage", error)\n',
         "        raise\n",
-        "tests/test_inspect_private_api.py::test_usage_and_answer_unreadable_are_said_not_raised",
+        "tests/inspect/test_inspect_private_api.py::test_usage_and_answer_unreadable_are_said_not_raised",
     ),
 )
 

@@ -17,7 +17,7 @@ Each graded envelope's provenance is written with it, as the farm records it (li
 times the upgrade that backfills it (and, on PostgreSQL, the VACUUM FULL that returns the space of
 the rewritten rows) before measuring.
 
-`build_sweep` is also what tests/test_report_scale.py builds its store with: it returns the counts
+`build_sweep` is also what tests/results/test_report_scale.py builds its store with: it returns the counts
 the report must show, tallied while the rows were generated.
 """
 

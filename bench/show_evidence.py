@@ -70,10 +70,10 @@ def main() -> None:
     from starlette.testclient import TestClient
 
     from apg_farm.dashboard import Options, create_app
-    from tests.dashboard_farm import run_sweep
-    from tests.evidence_files import keep, run_folder
-    from tests.simbeds import make_beds
-    from tests.test_cli import farm
+    from tests.cli.test_cli import farm
+    from tests.support.dashboard_farm import run_sweep
+    from tests.support.evidence_files import keep, run_folder
+    from tests.support.simbeds import make_beds
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)

@@ -12,15 +12,15 @@ import pytest
 import sqlalchemy as sa
 
 from apg_farm.store import Store, normalize_url
-from tests.celery_farm import celery_env
-from tests.services import RedisServer, Workers, redis_server
+from tests.support.celery_farm import celery_env
+from tests.support.services import RedisServer, Workers, redis_server
 
 # The suite starts thousands of Python processes (workers, CLI calls, simulated beds): with
 # PYTHONDONTWRITEBYTECODE set, each would compile the farm's sources (an editable install has
 # no bytecode of its own) again. Let them cache it.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # The farm prints at the width COLUMNS asks for (CI sets 80): a test that reads a table chooses
-# its width itself (tests/test_terminal_width.py, the narrow ones), never inherits the runner's.
+# its width itself (tests/cli/test_terminal_width.py, the narrow ones), never inherits the runner's.
 os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
 

@@ -3,7 +3,7 @@
 Each attack is a hostile agent's move (a fault of the simulated bed), run as one attempt on a bed
 of its own, in a pool of its own; the farm's record (the attempt's outcome, each execution's
 result, the bed's state) is set against what the catalogue says. docs/attacks.md is this
-catalogue as a page; tests/test_attacks.py keeps the two in step and runs every attack.
+catalogue as a page; tests/cli/test_attacks.py keeps the two in step and runs every attack.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from apg_farm.specs import SweepSpec
     from apg_farm.store import Bed, Store
 
-#: The attacked model (the simulated bed's first; tests/test_packaging.py checks it) fails every
+#: The attacked model (the simulated bed's first; tests/foundations/test_packaging.py checks it) fails every
 #: task when honest, so any PASSED is the attack's doing.
 MODEL = "anthropic/claude-sonnet-5-5"
 TASK = "dv01_view_build"

@@ -369,7 +369,7 @@ class ApgSandboxEnvironment(SandboxEnvironment):
         # started in the container is the next claim's to stop (the attempt ends CANCELLED, the
         # bed marked for a restart); the host-side `docker` dies with this process. Over SSH it
         # does not: it runs on until its command or the transport's `timeout` around it ends
-        # (tests/test_inspect_ssh.py sees it outlive `inspect`; docs/inspect.md).
+        # (tests/e2e/test_inspect_ssh.py sees it outlive `inspect`; docs/inspect.md).
         return await _in_daemon_thread(
             lambda: self.bed.run(
                 argv, timeout=timeout, stdout_limit=limit, stderr_limit=64 * 1024, input=data

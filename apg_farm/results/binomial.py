@@ -4,7 +4,7 @@ Summing C(n, i) term by term costs O(n) big-integer operations per call, which a
 million attempts cannot afford. Here the probability mass is Loader's saddle-point form (2000, as
 R's dbinom): logs of ratios that stay accurate to ~1e-15 at any n, where differences of math.lgamma
 lose a digit per decade of n. The tail is the regularized incomplete beta function's continued
-fraction (modified Lentz, Numerical Recipes 6.4). tests/test_stats.py checks both against exact
+fraction (modified Lentz, Numerical Recipes 6.4). tests/results/test_stats.py checks both against exact
 integer arithmetic.
 """
 

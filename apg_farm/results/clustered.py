@@ -149,7 +149,7 @@ def bell_mccaffrey_df(tasks: Sequence[Sequence[tuple[float, int, int]]]) -> floa
 
         w_g' w_h = sum over sides of (delta_gh alpha_gs^2 n_gs - alpha_gs alpha_hs n_gs n_hs / N_s),
 
-    so M's traces need G x G numbers, never the N x N matrices (tests/test_clustered.py checks
+    so M's traces need G x G numbers, never the N x N matrices (tests/results/test_clustered.py checks
     it against them)."""
     count = len(tasks)
     gram = [[0.0] * count for _ in range(count)]

@@ -81,7 +81,7 @@ def _record(value: dict[str, Any]) -> str:
 #: is in its artifact's name: an attempt's task, model and trial; an execution's number; a phase's
 #: position in its execution (its order by id) and name. An execution's envelope and a phase's
 #: stdout and stderr are artifacts of their own. Changing these tuples changes every manifest's
-#: digests: keep them in step with `NOT_SEALED`, `tests/test_seal_fields.py` and docs/analysis.md.
+#: digests: keep them in step with `NOT_SEALED`, `tests/results/test_seal_fields.py` and docs/analysis.md.
 SWEEP_FIELDS = ("name", "spec", "spec_sha256", "created_at")
 ATTEMPT_FIELDS = ("state", "outcome", "reason", "infra_failures", "finished_at")
 EXECUTION_FIELDS = (
@@ -115,7 +115,7 @@ PHASE_FIELDS = (
 )
 
 #: Columns of the sealed tables left out on purpose: no verdict rests on them. Every other column
-#: is sealed, and `tests/test_seal_fields.py` fails when a column is in neither place.
+#: is sealed, and `tests/results/test_seal_fields.py` fails when a column is in neither place.
 NOT_SEALED: dict[str, dict[str, str]] = {
     "sweeps": {
         "id": "a surrogate key; the manifest's `sweep.id` names the row verify reads",

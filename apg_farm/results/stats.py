@@ -1,6 +1,6 @@
 """Statistics for pass rates and model comparisons. Pure functions, no store access.
 
-Every function here is checked against published values in tests/test_stats.py; docs/analysis.md
+Every function here is checked against published values in tests/results/test_stats.py; docs/analysis.md
 says why each method was chosen. Each costs the same whatever the counts are (`binomial` says how),
 so a sweep of a million attempts is analysed as fast as one of a hundred.
 """

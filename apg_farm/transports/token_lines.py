@@ -5,7 +5,7 @@ so an agent could hide a security token (`APG_CLAUDE_TOKEN_LEAKED`) in megabytes
 capture hands the keeper here every byte of its head and of the omitted middle, and the keeper
 keeps the lines of the middle (and the lines cut by it) that hold a token by the contract's rule:
 per line, after stripping ANSI escapes, `^\\s*(APG_[A-Z_]+)\\b(.*)$`. The transports sit below the
-contract, so the rule is repeated here; tests/test_capture.py checks it against `parse_tokens`.
+contract, so the rule is repeated here; tests/transports/test_capture.py checks it against `parse_tokens`.
 
 Bounds, since an agent can print anything: the first and the last half of `MAX_LINES` lines (and
 of `MAX_BYTES`), each at most `LINE_BYTES`, so a token is pushed out only by floods both before
