@@ -24,6 +24,7 @@ from apg_farm.fixtures import simbed
 from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Bed, Execution, Phase, Store, requeue_expired
 from apg_farm.workers import AttemptEngine, EmbeddedExecutor
+from tests.support.backends import SQLITE_ONLY
 from tests.support.services import live_processes
 from tests.support.simbeds import bed_image, make_beds, spec
 from tests.workers.test_embedded import faults_are_contained
@@ -96,6 +97,7 @@ def _container_ps(approot: Path, command: str) -> list[list[Any]]:
     ]
 
 
+@SQLITE_ONLY  # a minute a test; its store paths run on both backends elsewhere
 @pytest.mark.parametrize("assignment", ["web", "host"])
 def test_a_sweep_on_container_beds(
     assignment: str,
@@ -142,6 +144,7 @@ def test_a_sweep_on_container_beds(
     assert in_container > 0
 
 
+@SQLITE_ONLY
 @pytest.mark.parametrize("assignment", ["web", "host"])
 def test_an_agent_left_running_is_stopped_before_verification(
     assignment: str, store: Store, tmp_path: Path, beds_made: list[Path], image: str
@@ -192,6 +195,7 @@ def _host_lingers(approot: Path) -> bool:
     return False
 
 
+@SQLITE_ONLY
 @pytest.mark.parametrize("assignment", ["web", "host"])
 def test_a_run_timeout_leaves_nothing_running(
     assignment: str, store: Store, tmp_path: Path, beds_made: list[Path], image: str
@@ -250,6 +254,7 @@ def _short_run() -> Any:
     return Timeouts(verify=30, reset=30, run=2, grade=30)
 
 
+@SQLITE_ONLY
 def test_a_bed_whose_agent_was_not_confirmed_stopped_is_restarted_first(
     store: Store, tmp_path: Path, beds_made: list[Path], image: str
 ) -> None:
@@ -276,6 +281,7 @@ def test_a_bed_whose_agent_was_not_confirmed_stopped_is_restarted_first(
         assert not any("apg-sim-linger" in " ".join(map(str, p)) for p in seen), seen
 
 
+@SQLITE_ONLY
 @pytest.mark.slow
 @pytest.mark.parametrize("assignment", ["web", "host"])
 def test_faults_are_contained_on_container_beds(

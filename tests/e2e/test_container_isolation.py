@@ -19,7 +19,11 @@ from apg_farm.fixtures import simbed
 from apg_farm.scheduler import submit
 from apg_farm.store import Attempt, Bed, BedState, Execution, Phase, Store
 from apg_farm.workers import AttemptEngine, EmbeddedExecutor
+from tests.support.backends import SQLITE_ONLY
 from tests.support.simbeds import bed_image, make_beds, spec
+
+# A container test takes a minute; the store paths it takes run on both backends elsewhere.
+pytestmark = SQLITE_ONLY
 
 POISONER, *OTHERS = simbed.DEFAULT_MODELS[:3]
 TASK = "dv01_view_build"
