@@ -97,6 +97,13 @@ def _imports(top: str) -> list[Import]:
     return [i for i in found if i.target.split(".")[0] in OURS]
 
 
+def _plant(root: Path, files: dict[str, str]) -> None:
+    """A scratch tree for a check to read: each file (its folders made) with its text."""
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+
+
 def _where(imp: Import) -> str:
     return f"{imp.path.relative_to(ROOT)}:{imp.line}"
 
@@ -275,15 +282,16 @@ def test_the_lifecycle_check_names_an_offender(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
-    (tmp_path / "apg_farm/beds").mkdir(parents=True)
-    (tmp_path / "apg_farm/beds/inventory.py").write_text(
-        "def drop(session, bed, attempt):\n"
-        "    bed.state = 'removed'\n"
-        "    attempt.outcome, attempt.reason = 'ERROR', 'x'\n"
-        "    session.execute(update(Execution).values(result='LOST'))\n"
+    _plant(
+        tmp_path,
+        {
+            "apg_farm/beds/inventory.py": "def drop(session, bed, attempt):\n"
+            "    bed.state = 'removed'\n"
+            "    attempt.outcome, attempt.reason = 'ERROR', 'x'\n"
+            "    session.execute(update(Execution).values(result='LOST'))\n",
+            "apg_farm/store/lifecycle.py": "def f(bed):\n    bed.state = 'ok'\n",
+        },
     )
-    (tmp_path / "apg_farm/store").mkdir(parents=True)
-    (tmp_path / "apg_farm/store/lifecycle.py").write_text("def f(bed):\n    bed.state = 'ok'\n")
     assert lifecycle_writes(("apg_farm",)) == [
         "apg_farm/beds/inventory.py:2: sets .state",
         "apg_farm/beds/inventory.py:3: sets .outcome",
@@ -379,17 +387,18 @@ def test_the_retry_policys_numbers_are_defined_only_in_its_module() -> None:
 
 def test_the_retry_check_names_an_offender(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
-    (tmp_path / "apg_farm/workers").mkdir(parents=True)
-    (tmp_path / "apg_farm/workers/tasks.py").write_text(
-        "HAND_BACK_DELAY = 1.0\n"
-        "class S:\n"
-        "    lease_seconds: float = Field(default=60.0, gt=0)\n"
-        "def run(*, provider_retries: int = 3, other: int = 3) -> None: ...\n"
-        "AGENT_START_SECONDS = 60.0\n"
-        "HAND_BACK_LIMIT = POLICY.hand_back_limit\n"
+    _plant(
+        tmp_path,
+        {
+            "apg_farm/workers/tasks.py": "HAND_BACK_DELAY = 1.0\n"
+            "class S:\n"
+            "    lease_seconds: float = Field(default=60.0, gt=0)\n"
+            "def run(*, provider_retries: int = 3, other: int = 3) -> None: ...\n"
+            "AGENT_START_SECONDS = 60.0\n"
+            "HAND_BACK_LIMIT = POLICY.hand_back_limit\n",
+            "apg_farm/contract/retries.py": "HAND_BACK_LIMIT = 10\n",
+        },
     )
-    (tmp_path / "apg_farm/contract").mkdir(parents=True)
-    (tmp_path / "apg_farm/contract/retries.py").write_text("HAND_BACK_LIMIT = 10\n")
     found = retry_constants(("apg_farm",))
     assert [f.split(" is ")[0] for f in found] == [
         "apg_farm/workers/tasks.py:1: HAND_BACK_DELAY",
