@@ -119,10 +119,9 @@ class RetryPolicy:
         for name in ("lease_seconds", "provider_backoff", "provider_backoff_max", "start_window"):
             if getattr(self, name) == 0:
                 raise ValueError(f"RetryPolicy.{name}=0: give a duration above 0 seconds")
-        if self.max_consecutive_infra_errors < 1 or self.hand_back_limit < 1:
-            raise ValueError(
-                "RetryPolicy.max_consecutive_infra_errors and hand_back_limit: give 1 or more"
-            )
+        for name in ("max_consecutive_infra_errors", "hand_back_limit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RetryPolicy.{name}={getattr(self, name)!r}: give 1 or more")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
