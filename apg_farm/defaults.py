@@ -1,36 +1,13 @@
-"""Constants gathered in one place, each with the reason for its value."""
+"""Constants gathered in one place, each with the reason for its value. The retry policy's
+numbers (leases, back-offs, retries, hand-backs, quarantine in a row) are contract/retries.py's
+RetryPolicy, not here."""
 
 from __future__ import annotations
 
-#: Seconds a claim stays valid without renewal; the engine renews every third of it.
-LEASE_SECONDS = 60.0
 #: Seconds Store.retrying keeps at a transaction through a store that cannot be reached (a
 #: PostgreSQL restart or a short stop): under a lease, so a claim held through the outage is
 #: still this worker's when the store comes back.
 STORE_PATIENCE = 40.0
-#: A claim delivered more often than retries + this many times is poisoned, not looped.
-EXTRA_DELIVERIES = 3
-#: Seconds a model waits after its provider failed (rate limit, outage), doubling with each
-#: trouble in a row up to the ceiling; an attempt the provider failed waits longer still.
-PROVIDER_BACKOFF = 30.0
-PROVIDER_BACKOFF_MAX = 1800.0
-#: Tries of one attempt the provider may fail and still be retried. The record that says so is
-#: written in the bed: an agent could claim an outage to try again, so the retries are few.
-PROVIDER_RETRIES = 3
-#: A provider claim that would start a new outage of a model is believed at most once in this
-#: many seconds: a real outage hits many runs at once and is rare; an agent claiming one each
-#: time it fails makes claims between runs of its model that go fine (outcomes.md, "Provider
-#: trouble"). Claims while a believed outage goes on (no clean run since) are believed.
-PROVIDER_OUTAGE_QUIET = 600.0
-#: Seconds apart two claims of different models of one provider may begin and still corroborate
-#: each other (store/outages.py): an outage hits the provider's models in the same minutes.
-PROVIDER_OUTAGE_WINDOW = 300.0
-#: Seconds a run that says its adapter never started may take and still be believed: an adapter
-#: fails to start before its agent works; a claim after longer may be an agent that saw itself
-#: failing. APG_FARM_START_WINDOW overrides it (time-scaled simulated beds need less).
-AGENT_START_SECONDS = 60.0
-#: Infrastructure failures in a row after which a bed is quarantined.
-MAX_CONSECUTIVE_INFRA_ERRORS = 3
 #: Bytes of stdout/stderr kept per phase (head + tail); enough for every token and the DDEV exit line.
 PHASE_OUTPUT_LIMIT = 256 * 1024
 #: Bytes of grade stdout kept whole; an envelope past this is INVALID (too large), never cut.

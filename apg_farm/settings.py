@@ -21,7 +21,6 @@ from pydantic import (
     model_validator,
 )
 
-from apg_farm.defaults import AGENT_START_SECONDS, PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX
 from apg_farm.errors import BadInput
 
 
@@ -46,8 +45,9 @@ class Settings(BaseModel):
     broker_url: str | None = None
     """Celery broker (Redis); unset means the embedded executor."""
 
-    lease_seconds: float = Field(default=60.0, gt=0)
-    """How long a claim lives without renewal; a dead worker's attempt returns after this."""
+    lease_seconds: float | None = Field(default=None, gt=0)
+    """How long a claim lives without renewal; a dead worker's attempt returns after this.
+    Unset: the retry policy's (contract/retries.py; RetryPolicy.from_settings reads these four)."""
 
     no_worker_grace: float = Field(default=60.0, gt=0)
     """Seconds `sweep submit --wait` (and `run`, `sweep resume`) waits while the sweep's pool has no
@@ -62,11 +62,11 @@ class Settings(BaseModel):
     window_per_bed: int = Field(default=2, ge=1, le=1000)
     """Messages a pool's queue holds per active bed (the broker window): submit sends only these,
     and the scheduler and each finished attempt top the queue up to it (docs/operations.md)."""
-    provider_backoff: float = Field(default=PROVIDER_BACKOFF, gt=0)
+    provider_backoff: float | None = Field(default=None, gt=0)
     """Seconds a model is paused after its provider failed, doubling per trouble in a row."""
-    provider_backoff_max: float = Field(default=PROVIDER_BACKOFF_MAX, gt=0)
+    provider_backoff_max: float | None = Field(default=None, gt=0)
     """The longest such pause."""
-    start_window: float = Field(default=AGENT_START_SECONDS, gt=0)
+    start_window: float | None = Field(default=None, gt=0)
     """Seconds within which a run that says its adapter never started must have ended to be
     believed (a retry): a claim made later may come from an agent that did its work, saw it
     failing and wrote the claim to be tried again (docs/outcomes.md, the rule)."""
@@ -156,10 +156,6 @@ class Settings(BaseModel):
         if value:
             broker_problem(value)
         return value
-
-    @property
-    def backoff(self) -> tuple[float, float]:
-        return (self.provider_backoff, max(self.provider_backoff, self.provider_backoff_max))
 
     def resolved_database_url(self) -> str:
         """The URL to open: the explicit one, or the embedded SQLite file under home."""

@@ -36,6 +36,7 @@ from types import FrameType
 ROOT = Path(__file__).resolve().parents[1]
 
 OUTCOMES = "apg_farm/contract/outcomes.py"
+RETRIES = "apg_farm/contract/retries.py"
 ENVELOPE = "apg_farm/contract/envelope.py"
 OUTPUT = "apg_farm/contract/output.py"
 TOKENS = "apg_farm/contract/tokens.py"
@@ -259,7 +260,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "after-agent-retries-everything",
-        OUTCOMES,
+        RETRIES,
         'if verdict.action != "retry" or verdict.link_failure:',
         'if verdict.action != "retry" or not verdict.link_failure:',
         f"{T_OUTCOMES}::test_a_check_after_the_run_that_cannot_complete_counts_against_the_agent",
@@ -332,16 +333,16 @@ MUTANTS: tuple[Mutant, ...] = (
     # claims.py: the claim
     m(
         "poisoned-one-delivery-late",
-        CLAIMS,
-        ">= spec.retries + 1 + EXTRA_DELIVERIES",
-        "> spec.retries + 1 + EXTRA_DELIVERIES",
+        RETRIES,
+        ">= retries + 1 + self.extra_deliveries",
+        "> retries + 1 + self.extra_deliveries",
         f"{T_CLAIMS}::test_an_attempt_delivered_past_its_bound_ends_error[sqlite]",
     ),
     m(
         "hand-back-one-late",
-        CLAIMS,
-        "or handed_back >= HAND_BACK_LIMIT",
-        "or handed_back > HAND_BACK_LIMIT",
+        RETRIES,
+        "or handed_back >= self.hand_back_limit",
+        "or handed_back > self.hand_back_limit",
         f"{T_CLAIMS}::test_a_retry_handed_back_enough_times_goes_to_any_bed[sqlite]",
     ),
     m(
@@ -354,7 +355,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "lost-lease-not-counted",
         CLAIMS,
-        "            count_lost_try(session, attempt.bed_id)\n",
+        "            count_lost_try(session, attempt.bed_id, policy)\n",
         "",
         f"{T_CLAIMS}::test_lost_leases_in_a_row_quarantine_the_bed[sqlite]",
     ),
@@ -543,9 +544,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "last-believed-claim-is-error",
-        RULES,
-        "outcome = Outcome.NO_ATTEMPT if verdict.claim else Outcome.ERROR",
-        "outcome = Outcome.ERROR",
+        RETRIES,
+        "return Outcome.NO_ATTEMPT if verdict.claim else Outcome.ERROR",
+        "return Outcome.ERROR",
         "tests/workers/test_embedded.py::test_start_failures_everywhere_are_scored_after_the_budget[sqlite]",
     ),
     m(

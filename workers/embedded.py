@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 
-from apg_farm.defaults import IDLE_POLL_SECONDS, LEASE_SECONDS
+from apg_farm.contract import RetryPolicy
+from apg_farm.defaults import IDLE_POLL_SECONDS
+from apg_farm.settings import load_settings
 from apg_farm.store import (
     Attempt,
     AttemptState,
@@ -54,15 +56,19 @@ class EmbeddedExecutor:
         sweep_id: int,
         *,
         transport_for: Callable[[str], Transport] | None = None,
-        lease_seconds: float = LEASE_SECONDS,
+        lease_seconds: float | None = None,
         on_report: Callable[[AttemptReport], None] | None = None,
         start_window: float | None = None,
+        policy: RetryPolicy | None = None,
     ) -> None:
         self.store = store
-        #: APG_FARM_START_WINDOW unless given (the attack demo's time-scaled beds need less).
-        self.start_window = start_window
+        #: The retry policy every bed's engine is handed: this process's APG_FARM_* settings
+        #: unless given, with the lease and start window given here (the attack demo's
+        #: time-scaled beds need a shorter window).
+        self.policy = (policy or RetryPolicy.from_settings(load_settings())).but(
+            lease_seconds=lease_seconds, start_window=start_window
+        )
         self.sweep_id = sweep_id
-        self.lease_seconds = lease_seconds
         self.on_report = on_report
         self.transport_for = transport_for
         self._stop = threading.Event()
@@ -86,7 +92,7 @@ class EmbeddedExecutor:
 
     def run(self) -> ExecutorResult:
         """Run until every attempt of the sweep is done, or no bed can take what remains."""
-        requeue_expired(self.store)
+        requeue_expired(self.store, policy=self.policy)
         worker = f"embedded@{socket.gethostname()}:{os.getpid()}"
         threads = [
             threading.Thread(
@@ -109,8 +115,7 @@ class EmbeddedExecutor:
                 bed_name,
                 worker=f"{worker}/{bed_name}",
                 transport=self.transport_for(bed_name) if self.transport_for else None,
-                lease_seconds=self.lease_seconds,
-                start_window=self.start_window,
+                policy=self.policy,
             )
             while not self._stop.is_set():
                 # A canary due on this bed runs before its next claim (workers/canary.py).
@@ -135,7 +140,7 @@ class EmbeddedExecutor:
                 if self._budget_spent():
                     return
                 # Nothing this bed may take now: attempts are running elsewhere and may come back.
-                requeue_expired(self.store)
+                requeue_expired(self.store, policy=self.policy)
                 self._stop.wait(IDLE_POLL_SECONDS)
         except Exception as error:
             with self._lock:

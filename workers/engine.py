@@ -37,12 +37,14 @@ from apg_farm.contract import (
     Grade,
     Outcome,
     PhaseOutput,
+    RetryPolicy,
     RunRecord,
     SiteState,
     Usage,
     Verdict,
     after_agent,
     bed_environment,
+    farm_error,
     judge_at_baseline,
     judge_ddev_check,
     judge_escrow_check,
@@ -61,15 +63,10 @@ from apg_farm.contract import (
 from apg_farm.defaults import (
     BASELINE_DIR,
     GRADE_STDOUT_LIMIT,
-    LEASE_SECONDS,
     PHASE_OUTPUT_LIMIT,
-    PROVIDER_OUTAGE_QUIET,
-    PROVIDER_OUTAGE_WINDOW,
-    PROVIDER_RETRIES,
     RUN_JSON_LIMIT,
 )
 from apg_farm.errors import FarmError
-from apg_farm.settings import load_settings
 from apg_farm.store import (
     STOP_LISTING,
     Bed,
@@ -262,21 +259,30 @@ class AttemptEngine:
         *,
         worker: str,
         transport: Transport | None = None,
-        lease_seconds: float = LEASE_SECONDS,
+        lease_seconds: float | None = None,
         backoff: tuple[float, float] | None = None,
         start_window: float | None = None,
         driver: str | None = None,
+        policy: RetryPolicy | None = None,
     ) -> None:
         self.store = store
         self.worker = worker
         #: Whose sweeps this engine claims from: the farm's (None) or a harness's ("inspect").
         self.driver = driver
-        self.lease_seconds = lease_seconds
-        #: (base, ceiling) of the provider back-off: APG_FARM_PROVIDER_BACKOFF(_MAX) by default.
-        settings = load_settings()
-        self.backoff = backoff or settings.backoff
+        base, ceiling = backoff or (None, None)
+        #: The retry policy, handed in by the caller (which reads APG_FARM_*: this never does);
+        #: the farm's own when none is, with the values given here.
+        self.policy = (policy or RetryPolicy()).but(
+            lease_seconds=lease_seconds,
+            provider_backoff=base,
+            provider_backoff_max=ceiling,
+            start_window=start_window,
+        )
+        self.lease_seconds = self.policy.lease_seconds
+        #: (base, ceiling) of the provider back-off.
+        self.backoff = self.policy.backoff
         #: Seconds a run claiming its adapter never started may take and still be believed.
-        self.start_window = start_window or settings.start_window
+        self.start_window = self.policy.start_window
         with store.session() as session:
             bed = session.scalar(select(Bed).where(Bed.name == bed_name))
             if bed is None:
@@ -335,7 +341,7 @@ class AttemptEngine:
                 worker=self.worker,
                 sweep_id=sweep_id,
                 attempt_id=attempt_id,
-                backoff=self.backoff,
+                policy=self.policy,
                 driver=self.driver,
             )
         )
@@ -364,13 +370,10 @@ class AttemptEngine:
                 attempt.keeper.keep_at_end()
                 return self.store.retrying(lambda: self._record_lost(claim, attempt))
             except Exception as error:
-                # Whatever broke inside the farm (a soft time limit, a lost database) is not the
-                # model's doing: record it as an infrastructure failure and let the attempt retry,
-                # its traceback logged and kept with the execution.
+                # An infrastructure failure (contract/retries.py): the attempt retries, its
+                # traceback logged and kept with the execution.
                 attempt.farm_error = farm_error_trace(error, claim.label)
-                verdict = Verdict(
-                    "retry", f"farm error: {type(error).__name__}: {error}", farm_cause="farm_error"
-                )
+                verdict = farm_error(error)
             # However it ended, the run folder leaves the bed before the verdict is recorded.
             attempt.keeper.keep_at_end()
         # Every write is safe to repeat, so a database that drops mid-attempt costs a retry, not a record.
@@ -384,7 +387,7 @@ class AttemptEngine:
         """Record the verdict (the lifecycle's one transaction), only if this bed still holds
         the attempt."""
         recorded = record_verdict(
-            self.store, claim, attempt.evidence(), verdict, delays=self.backoff
+            self.store, claim, attempt.evidence(), verdict, delays=self.backoff, policy=self.policy
         )
         return AttemptReport(
             claim, recorded.verdict, recorded.outcome, attempt.run_id, lost=recorded.lost
@@ -592,28 +595,17 @@ class _Attempt:
 
         The record is written in the bed, so an agent could claim an outage to be tried again:
         only a run that ended within the start window and changed nothing is believed, only
-        PROVIDER_RETRIES times per attempt, and only when store/outages.py believes it.
+        provider_retries times per attempt (RetryPolicy.provider_doubt), and only when
+        store/outages.py believes it.
         """
         kind = self.usage.provider_trouble if self.usage else None
         if kind is None or run_verdict.quarantine or run_verdict.unchecked:
             return None
         claimed = f"the adapter's record claims provider trouble ({kind}), not believed"
-        if self.claim.provider_failures >= PROVIDER_RETRIES:
-            self.doubts.append(f"{claimed}: {PROVIDER_RETRIES} believed already")
-            return None
-        window = self.engine.start_window
-        if self.run_seconds > window:
-            # A provider that is down refuses the first call: a run that went on longer may have
-            # worked, seen itself failing and put the site back (the start claims' rule).
-            took = (
-                "was killed at the sweep's run timeout"
-                if self.run_seconds == math.inf
-                else f"took {self.run_seconds:.1f} s"
-            )
-            self.doubts.append(
-                f"{claimed}: the run {took}, longer than a provider that is down takes to "
-                f"refuse ({window:g} s)"
-            )
+        policy = self.engine.policy
+        doubt = policy.provider_doubt(self.claim.provider_failures, self.run_seconds)
+        if doubt is not None:
+            self.doubts.append(f"{claimed}: {doubt}")
             return None
         site = self._site()
         if not site.unchanged:
@@ -625,8 +617,8 @@ class _Attempt:
                 store,
                 self.claim.execution_id,
                 self.claim.model,
-                quiet=PROVIDER_OUTAGE_QUIET,
-                window=PROVIDER_OUTAGE_WINDOW,
+                quiet=policy.provider_outage_quiet,
+                window=policy.provider_outage_window,
             )
         )
         if doubt is not None:

@@ -21,6 +21,7 @@ from apg_farm.beds import (
     record_event,
     run_provision,
 )
+from apg_farm.contract import RetryPolicy, Why
 from apg_farm.scheduler import (
     BED_MAINTENANCE,
     MAINTENANCE_EXPIRY,
@@ -37,7 +38,6 @@ from apg_farm.store import (
     Claim,
     Refusal,
     Store,
-    Why,
     is_transient,
 )
 from apg_farm.workers.celery_app import WORKER_BED
@@ -54,13 +54,6 @@ BROKER_ERRORS = (KombuError, RedisError, OSError)
 #: threads share them: the attempt, its lease renewal and the heartbeat, each for one short
 #: transaction at a time, none waiting for another while it holds one.
 WORKER_POOL_SIZE = 2
-
-#: Seconds an idle bed waits before handing back an attempt it may not take (a retry meant elsewhere).
-HAND_BACK_DELAY = 1.0
-
-#: Leases a message waits for when its bed still holds one (a dead predecessor's) before it is
-#: dropped for the reconciler to send again: more than one, so the claim then succeeds.
-LEASE_WAITS = 3
 
 
 #: What a run_attempt task returns. Celery keeps no result (the store is the truth), but the
@@ -111,11 +104,10 @@ class WorkerRuntime:
     def __init__(self, bed_name: str, store: Store) -> None:
         self.store = store
         self.bed_name = bed_name
+        #: The retry policy with this process's APG_FARM_* overrides, read once here.
+        self.policy = RetryPolicy.from_settings(load_settings())
         self.engine = AttemptEngine(
-            self.store,
-            bed_name,
-            worker=worker_name(bed_name),
-            lease_seconds=load_settings().lease_seconds,
+            self.store, bed_name, worker=worker_name(bed_name), policy=self.policy
         )
 
     def run_attempt(self, app: Celery, attempt_id: int, hostname: str | None) -> TaskResult:
@@ -131,17 +123,16 @@ class WorkerRuntime:
             self._top_up(app)
             return ran_result(self.bed_name, report)
         refusal = taken
-        if refusal.why in (Why.BED_INACTIVE, Why.EXCLUDED):
-            if refusal.why == Why.EXCLUDED:
-                time.sleep(HAND_BACK_DELAY)
+        delay = self.policy.hand_back(refusal.why)
+        if delay is not None:
+            if delay:
+                time.sleep(delay)
             # Handed back: the new message takes the spent one's place in the window.
             self._publish(app, attempt_id)
             self._stop_if_inactive(app, hostname)
             return refused_result(self.bed_name, attempt_id, refusal, handed_back=True)
-        # PAUSED and WAITING are dropped, not handed back: the attempt is sent again once it may
-        # run, instead of every idle worker passing it round while a budget or a back-off holds.
-        # NOT_QUEUED and SWEEP_CLOSED: a duplicate message, nothing to do. Either way the spent
-        # message's place in the window goes to the next attempt that may run.
+        # Dropped (the policy says why): the spent message's place in the window goes to the
+        # next attempt that may run.
         self._top_up(app)
         return refused_result(self.bed_name, attempt_id, refusal, handed_back=False)
 
@@ -160,8 +151,8 @@ class WorkerRuntime:
     def _take(self, attempt_id: int) -> AttemptReport | Refusal:
         """The claim, waiting out a lease this bed still holds (a predecessor that died): such a
         message is this bed's to run once the lease ends, not a hand-back that counts against
-        the attempt's HAND_BACK_LIMIT."""
-        deadline = time.monotonic() + LEASE_WAITS * self.engine.lease_seconds
+        the attempt's hand_back_limit (the retry policy)."""
+        deadline = time.monotonic() + self.policy.lease_wait()
         while True:
             taken = self._claim(attempt_id)
             if isinstance(taken, Claim):
@@ -206,7 +197,7 @@ class WorkerRuntime:
                 settings.broker_url,
                 [pool],
                 per_bed=settings.window_per_bed,
-                unacked_grace=settings.lease_seconds,
+                unacked_grace=self.policy.lease_seconds,
             )
         except BROKER_ERRORS as error:
             # The reconciler's next pass tops the window up instead.

@@ -66,13 +66,17 @@ def dispatch(store: Store) -> str:
     from kombu.exceptions import KombuError
     from redis.exceptions import RedisError
 
+    from apg_farm.contract import RetryPolicy
     from apg_farm.scheduler import reconcile
     from apg_farm.workers import make_app
 
     settings, broker_url = require_broker()
     try:
         return reconcile(
-            store, make_app(settings), broker_url, unacked_grace=settings.lease_seconds
+            store,
+            make_app(settings),
+            broker_url,
+            unacked_grace=RetryPolicy.from_settings(settings).lease_seconds,
         ).describe()
     except (RedisError, KombuError, OSError) as error:
         raise FarmError(
@@ -142,6 +146,7 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from apg_farm.contract import RetryPolicy
     from apg_farm.scheduler import reconcile
     from apg_farm.settings import load_settings
     from apg_farm.store import stopped_by_budget
@@ -191,7 +196,12 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
                     err.print(f"[red]gave up after {grace:.0f} s:[/] {escape(problem)}")
                     return False
             if now - last_reconcile >= settings.reconcile_seconds:
-                reconcile(store, app, broker_url, unacked_grace=settings.lease_seconds)
+                reconcile(
+                    store,
+                    app,
+                    broker_url,
+                    unacked_grace=RetryPolicy.from_settings(settings).lease_seconds,
+                )
                 last_reconcile = time.monotonic()
             time.sleep(0.5)
 
@@ -386,6 +396,7 @@ def scheduler_cmd(
     interval: Annotated[float | None, typer.Option(help="Seconds between passes.")] = None,
 ) -> None:
     """Reconcile the broker with the store in a loop: expired leases, lost or missing messages."""
+    from apg_farm.contract import RetryPolicy
     from apg_farm.scheduler import reconcile
     from apg_farm.workers import make_app
 
@@ -404,7 +415,12 @@ def scheduler_cmd(
         passes += 1
         started = time.monotonic()
         try:
-            result = reconcile(store, app, broker_url, unacked_grace=settings.lease_seconds)
+            result = reconcile(
+                store,
+                app,
+                broker_url,
+                unacked_grace=RetryPolicy.from_settings(settings).lease_seconds,
+            )
             # One line per pass, even an idle one: a quiet scheduler is a live one.
             log.info("pass %d: %s (%.2f s)", passes, result.pass_line(), time.monotonic() - started)
             if once:

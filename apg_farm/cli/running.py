@@ -167,7 +167,7 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
         TimeRemainingColumn,
     )
 
-    from apg_farm.contract import COUNTED, Outcome
+    from apg_farm.contract import COUNTED, Outcome, RetryPolicy
     from apg_farm.settings import load_settings
     from apg_farm.workers import EmbeddedExecutor
 
@@ -212,7 +212,7 @@ def execute_sweep(store: Store, sweep_id: int) -> bool:
             store,
             sweep_id,
             on_report=on_report,
-            lease_seconds=load_settings().lease_seconds,
+            policy=RetryPolicy.from_settings(load_settings()),
         )
         if not executor.beds():
             err.print("[red]no active bed in this sweep's pool[/]: add one with `apg-farm bed add`")

@@ -6,8 +6,9 @@ diagnostics), `runs` (which run folder is the attempt's), `records` (run.json), 
 and diff JSON, the escrow path), `site` (the diff as evidence), `usage` (the adapter's record),
 `envelope` (the every_eval_ever grade) and `provenance` (the bounded strings reports tally from an
 envelope); `pins` judges an envelope's dataset and task hashes against the ones pinned at
-baseline; `outcomes` is the outcome policy; `claims` believes a run's claim only when a
-check of the farm's reproduces it; `rerun_kinds` names why a re-run was run again, stored when it
+baseline; `outcomes` is the outcome policy; `retries` the retry policy (every retry, wait,
+hand-back, drop and quarantine decision, its numbers in one `RetryPolicy`); `claims` believes
+a run's claim only when a check of the farm's reproduces it; `rerun_kinds` names why a re-run was run again, stored when it
 ends; `bedenv` is the environment a bed command gets. Used as `contract.run(...)`.
 Imports only transports.
 """
@@ -74,7 +75,6 @@ if TYPE_CHECKING:
         UNFINGERPRINTED,
         Outcome,
         Verdict,
-        after_agent,
         judge_at_baseline,
         judge_claim,
         judge_ddev_check,
@@ -128,6 +128,17 @@ if TYPE_CHECKING:
         rerun_kind_of,
         stored_kind,
     )
+    from apg_farm.contract.retries import (
+        DEFAULT_POLICY,
+        RetryPolicy,
+        Tries,
+        Why,
+        after_agent,
+        counts_against_bed,
+        farm_error,
+        into_sweep,
+        out_of_retries,
+    )
     from apg_farm.contract.runs import (
         RunIdDiscovery,
         discover_run_id,
@@ -151,6 +162,7 @@ __all__ = [
     "CONTINUE",
     "COUNTED",
     "DDEV_FOLDER_MISSING",
+    "DEFAULT_POLICY",
     "ESCROW_SET_MISSING",
     "FARM_KINDS",
     "FINGERPRINTS",
@@ -181,24 +193,30 @@ __all__ = [
     "Outcome",
     "PhaseOutput",
     "Reproduced",
+    "RetryPolicy",
     "RunIdDiscovery",
     "RunRecord",
     "SiteState",
     "Token",
+    "Tries",
     "Usage",
     "Verdict",
+    "Why",
     "after_agent",
     "bed_environment",
     "check_arg",
     "checks_for",
     "claude_check",
+    "counts_against_bed",
     "diff",
     "discover_run_id",
     "doctor",
     "envelope_provenance",
     "escrow",
+    "farm_error",
     "grade",
     "headline_outcome",
+    "into_sweep",
     "is_credential_shaped",
     "is_farm_setting",
     "judge_at_baseline",
@@ -217,6 +235,7 @@ __all__ = [
     "lost_kind",
     "model_matches",
     "needs_baseline_grade",
+    "out_of_retries",
     "parse_ddev_failure",
     "parse_escrow_path",
     "parse_json_report",

@@ -372,20 +372,6 @@ def judge_claim(verdict: Verdict, *, site: SiteState, run_seconds: float, window
     )
 
 
-def after_agent(verdict: Verdict) -> Verdict:
-    """A check after the run (the DDEV hash, the agent's stop, the trusted verify) that did not
-    complete. Only a failed link is the farm's own observation; a timeout, a listing cut short, a
-    verifier that reports the bed broken can all be what the agent left, so it counts against
-    the agent: TAMPERED, not graded, the quarantine asked for kept."""
-    if verdict.action != "retry" or verdict.link_failure:
-        return verdict
-    return _final(
-        Outcome.TAMPERED,
-        f"{verdict.reason} (after the agent ran: counted against it)",
-        quarantine=verdict.quarantine,
-    )
-
-
 def judge_at_baseline(site: SiteState) -> Verdict:
     """The diff right after the reset, before anything of the attempt's runs: a bed that is not
     at baseline carries what an earlier agent left (state the reset keeps, a plant it runs), so

@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from apg_farm.defaults import DEFAULT_FIXTURES, LEASE_SECONDS
+from apg_farm.contract import DEFAULT_POLICY
+from apg_farm.defaults import DEFAULT_FIXTURES
 from apg_farm.errors import BadInput, NotFound
 from apg_farm.specs import (
     SafeArg,
@@ -44,7 +45,7 @@ class ApgConfig(BaseModel):
     """Infrastructure retries of one sample's attempt (as a sweep's `retries`)."""
     timeouts: Timeouts = Field(default_factory=Timeouts)
     """Seconds for the farm's phases (verify, reset, grade); `run` bounds a sample's agent."""
-    lease_seconds: float = Field(default=LEASE_SECONDS, ge=5, le=3600)
+    lease_seconds: float = Field(default=DEFAULT_POLICY.lease_seconds, ge=5, le=3600)
     """The claim's lease, renewed while the sample runs."""
     wait_for_bed: float = Field(default=3600, ge=0, le=7 * 86400)
     """Seconds `sample_init` waits for a free bed of the pool before it gives up."""

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from apg_farm.contract import Usage
+from apg_farm.contract import RetryPolicy, Usage, Why
 from apg_farm.errors import BadInput, FarmError
 from apg_farm.inspect import container
 from apg_farm.inspect.config import ApgConfig, task_sweep_name
+from apg_farm.settings import load_settings
 from apg_farm.specs import SweepSpec
 from apg_farm.store import (
     Bed,
@@ -33,7 +34,6 @@ from apg_farm.store import (
     Refusal,
     Store,
     SweepOwned,
-    Why,
     cancel_attempt,
     open_harness_attempt,
 )
@@ -336,6 +336,7 @@ def _claim(
                 worker=worker,
                 lease_seconds=config.lease_seconds,
                 driver=DRIVER,
+                policy=RetryPolicy.from_settings(load_settings()),
             )
             taken = engine.claim(attempt_id=attempt.attempt_id)
             if not isinstance(taken, Refusal):

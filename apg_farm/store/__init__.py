@@ -41,10 +41,8 @@ if TYPE_CHECKING:
     )
     from apg_farm.store.claims import (
         AGENT_STOPPED,
-        HAND_BACK_LIMIT,
         Claim,
         Refusal,
-        Why,
         canary_holder,
         claim,
         claim_next,
@@ -179,7 +177,6 @@ __all__ = [
     "BROKEN",
     "CANARY",
     "CONTAMINATED",
-    "HAND_BACK_LIMIT",
     "HEALTHY",
     "INCONCLUSIVE",
     "NOT_AT_BASELINE",
@@ -231,7 +228,6 @@ __all__ = [
     "SweepOwned",
     "SweepState",
     "UTCDateTime",
-    "Why",
     "WorkerBeat",
     "add_spend",
     "at_capacity",

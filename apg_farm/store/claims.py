@@ -16,17 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import and_, case, func, not_, or_, select, update
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import LOST_ON_HOST, UNESCROWED, UNFINGERPRINTED, Outcome
-from apg_farm.defaults import (
-    EXTRA_DELIVERIES,
-    PROVIDER_BACKOFF,
-    PROVIDER_BACKOFF_MAX,
+from apg_farm.contract import (
+    DEFAULT_POLICY,
+    LOST_ON_HOST,
+    UNESCROWED,
+    UNFINGERPRINTED,
+    Outcome,
+    RetryPolicy,
+    Why,
 )
 from apg_farm.specs import SweepSpec
 from apg_farm.store.baselines import note_baseline
@@ -90,27 +92,6 @@ class Claim:
         return f"{self.sweep_name}/{self.task}/{self.model}/{self.trial}"
 
 
-class Why(StrEnum):
-    """Why a claim took nothing; each says what a front end should do with the message."""
-
-    #: The bed is not active (quarantined, draining, removed, or refused unattended work).
-    BED_INACTIVE = "bed inactive"
-    #: The bed holds a live lease (a predecessor that died may still hold it): wait for it.
-    BED_BUSY = "bed busy"
-    #: A budget is spent: a person must raise it.
-    PAUSED = "paused"
-    #: A back-off, a model's breaker or its max_concurrent: it lifts on its own.
-    WAITING = "waiting"
-    #: A retry meant for another bed: hand it back.
-    EXCLUDED = "excluded here"
-    #: The attempt is finished, running elsewhere, or unknown: a duplicate message.
-    NOT_QUEUED = "not queued"
-    #: The attempt's sweep is cancelled or sealed, or its comparison was decided (`stop:`).
-    SWEEP_CLOSED = "sweep closed"
-    #: Nothing of the bed's pool is queued that it may take.
-    NOTHING = "nothing queued"
-
-
 @dataclass(frozen=True)
 class Refusal:
     """A claim that took nothing, and why, decided in the claim's own transaction."""
@@ -127,22 +108,6 @@ class Refusal:
 #: The bed meta key saying the bed's last run ended with its agent confirmed stopped.
 AGENT_STOPPED = "agent_stopped"
 
-#: A retry handed back this many times is taken by any bed: the beds it waits for may have no worker.
-HAND_BACK_LIMIT = 10
-
-
-def _may_take(attempt: Attempt, bed_id: int, active_beds: set[int]) -> bool:
-    # A retry goes to another bed where one exists; when every active bed already failed it,
-    # any bed may take it rather than leave it stranded.
-    excluded = set(attempt.excluded_beds or [])
-    handed_back = attempt.dispatches - attempt.infra_failures - 1
-    return bed_id not in excluded or active_beds <= excluded or handed_back >= HAND_BACK_LIMIT
-
-
-def _poisoned(attempt: Attempt, spec: SweepSpec) -> bool:
-    # A try the provider failed was delivered and finished: it is no sign of a looping worker.
-    return attempt.deliveries - attempt.provider_failures >= spec.retries + 1 + EXTRA_DELIVERIES
-
 
 def claim_next(
     store: Store,
@@ -152,7 +117,7 @@ def claim_next(
     worker: str,
     sweep_id: int | None = None,
     attempt_id: int | None = None,
-    backoff: tuple[float, float] = (PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX),
+    policy: RetryPolicy = DEFAULT_POLICY,
 ) -> Claim | None:
     """`claim`, for callers that need not know why nothing was taken."""
     taken = claim(
@@ -162,7 +127,7 @@ def claim_next(
         worker=worker,
         sweep_id=sweep_id,
         attempt_id=attempt_id,
-        backoff=backoff,
+        policy=policy,
     )
     return taken if isinstance(taken, Claim) else None
 
@@ -175,7 +140,7 @@ def claim(
     worker: str,
     sweep_id: int | None = None,
     attempt_id: int | None = None,
-    backoff: tuple[float, float] = (PROVIDER_BACKOFF, PROVIDER_BACKOFF_MAX),
+    policy: RetryPolicy = DEFAULT_POLICY,
     driver: str | None = None,
 ) -> Claim | Refusal:
     """Claim the next attempt this bed may run (or exactly `attempt_id`), or say why not.
@@ -193,7 +158,7 @@ def claim(
         worker=worker,
         sweep_id=sweep_id,
         attempt_id=attempt_id,
-        backoff=backoff,
+        policy=policy,
         driver=driver,
         ended=ended,
     )
@@ -211,15 +176,16 @@ def _claim(
     worker: str,
     sweep_id: int | None,
     attempt_id: int | None,
-    backoff: tuple[float, float],
+    policy: RetryPolicy,
     driver: str | None,
     ended: set[int],
 ) -> Claim | Refusal:
     """`claim`'s one transaction; the sweeps of the attempts it ended are added to `ended`.
 
     Only attempts every cap allows are looked at (pacing.py): the farm's and the sweep's
-    budgets, the model's breaker and its max_concurrent; `backoff` (base, ceiling) is how long
-    a breaker probe keeps its model's other attempts waiting. Only sweeps of `driver` are
+    budgets, the model's breaker and its max_concurrent; the policy's `backoff` (base, ceiling)
+    is how long a breaker probe keeps its model's other attempts waiting, and it says which
+    attempts are poisoned and which this bed may not take (contract/retries.py). Only sweeps of `driver` are
     looked at: the farm's own (None) for a worker, a harness's own for that harness.
     """
     with store.session() as session:
@@ -229,7 +195,7 @@ def _claim(
             return Refusal(Why.BED_INACTIVE, f"no bed with id {bed_id}")
         if bed.state != BedState.ACTIVE:
             return Refusal(Why.BED_INACTIVE, f"the bed is {bed.state}")
-        if busy := _busy(store, session, bed_id):
+        if busy := _busy(store, session, bed_id, policy):
             return busy
         if refusal := _unattended_refusal(bed):
             # No unattended attempt on a bed whose verifier the agent could rewrite.
@@ -283,12 +249,12 @@ def _claim(
                 ended.add(attempt.sweep_id)
                 skipped = skipped or Refusal(Why.SWEEP_CLOSED, stopped)
                 continue
-            if _poisoned(attempt, spec):
+            if policy.poisoned(attempt, spec.retries):
                 _finish_poisoned(attempt, now)
                 ended.add(attempt.sweep_id)
                 skipped = skipped or Refusal(Why.NOT_QUEUED, "poisoned")
                 continue
-            if not _may_take(attempt, bed_id, active):
+            if not policy.may_take(attempt, bed_id, active):
                 skipped = Refusal(Why.EXCLUDED, "a retry meant for another bed")
                 continue
             admitted = gates.admits(attempt.model, (sweep.max_concurrent or {}).get(attempt.model))
@@ -339,7 +305,7 @@ def _claim(
             # No phase of this try runs yet; one a dead predecessor left is not this try's.
             bed.phase, bed.phase_started_at = None, None
             if admitted == PROBE:
-                gates.hold_for_probe(attempt.model, *backoff)
+                gates.hold_for_probe(attempt.model, *policy.backoff)
             session.flush()
             return Claim(
                 attempt_id=attempt.id,
@@ -420,7 +386,7 @@ def canary_holder(meta: dict[str, Any] | None, now: datetime) -> tuple[str, floa
     return (str(hold.get("by") or "a canary"), left) if left > 0 else None
 
 
-def _busy(store: Store, session: Session, bed_id: int) -> Refusal | None:
+def _busy(store: Store, session: Session, bed_id: int, policy: RetryPolicy) -> Refusal | None:
     """A refusal while the bed holds a live claim: a bed never runs two attempts at once.
 
     A claim whose lease already ran out (its worker died) is given back first, so a restarted
@@ -438,7 +404,7 @@ def _busy(store: Store, session: Session, bed_id: int) -> Refusal | None:
     ).all()
     for attempt_id, expired, until in held:
         if expired:
-            _requeue(session, [attempt_id])
+            _requeue(session, [attempt_id], policy)
         else:
             left = (until - db_time(store, session)).total_seconds() if until else None
             return Refusal(
@@ -477,7 +443,7 @@ def renew_lease(store: Store, claim: Claim, *, lease_seconds: float) -> bool:
     return renewed == 1
 
 
-def requeue_expired(store: Store) -> int:
+def requeue_expired(store: Store, *, policy: RetryPolicy = DEFAULT_POLICY) -> int:
     """Return attempts whose lease ran out (their bed or worker died) to the queue.
 
     Their unfinished execution is closed as LOST, so the history shows the try that was cut short.
@@ -504,11 +470,11 @@ def requeue_expired(store: Store) -> int:
         if not store.is_sqlite:
             query = query.with_for_update(skip_locked=True)
         ids = list(session.scalars(query))
-        _requeue(session, ids)
+        _requeue(session, ids, policy)
         return len(ids)
 
 
-def _requeue(session: Session, ids: list[int]) -> None:
+def _requeue(session: Session, ids: list[int], policy: RetryPolicy) -> None:
     """Expired claims back to the queue; in a sweep no longer open they end CANCELLED instead."""
     if not ids:
         return
@@ -526,7 +492,7 @@ def _requeue(session: Session, ids: list[int]) -> None:
             # The bed (or its worker, or the link to it) stopped answering: like any infrastructure
             # failure, the attempt goes elsewhere and the bed's failures in a row grow.
             attempt.excluded_beds = sorted({*(attempt.excluded_beds or []), attempt.bed_id})
-            count_lost_try(session, attempt.bed_id)
+            count_lost_try(session, attempt.bed_id, policy)
         attempt.state = AttemptState.QUEUED
         attempt.bed_id = None
         attempt.lease_expires_at = None

@@ -51,11 +51,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from apg_farm.contract import (
+    DEFAULT_POLICY,
     Outcome,
     PhaseOutput,
+    RetryPolicy,
     Usage,
     Verdict,
     envelope_provenance,
+    into_sweep,
     lost_kind,
     rerun_kind_of,
 )
@@ -171,7 +174,13 @@ class Recorded:
 
 
 def record_verdict(
-    store: Store, claim: Claim, evidence: Evidence, verdict: Verdict, *, delays: tuple[float, float]
+    store: Store,
+    claim: Claim,
+    evidence: Evidence,
+    verdict: Verdict,
+    *,
+    delays: tuple[float, float],
+    policy: RetryPolicy = DEFAULT_POLICY,
 ) -> Recorded:
     """Record an execution's end in one transaction, only if its bed still holds the attempt:
     the execution's row, spend, the retry decision, the model's pace, quarantine and draining.
@@ -213,14 +222,17 @@ def record_verdict(
         sweep = lock_sweep(store, session, row.sweep_id) if claim.spec.stop else None
         if verdict.action == "retry":
             sweep = sweep or session.get_one(Sweep, row.sweep_id)
-            if sweep.state != SweepState.OPEN:
-                # Never requeue into a cancelled sweep: nothing would ever take it.
-                verdict = Verdict("final", f"sweep cancelled ({verdict.reason})", Outcome.CANCELLED)
-            elif stopped := stop_reason(sweep):
-                # Nor into one whose comparison is decided: its queue was cancelled.
-                verdict = Verdict("final", f"{stopped} ({verdict.reason})", Outcome.CANCELLED)
+            verdict = into_sweep(
+                verdict, sweep_open=sweep.state == SweepState.OPEN, stopped=stop_reason(sweep)
+            )
         outcome, in_a_row = settle(
-            row, bed, verdict, retries=claim.spec.retries, store=store, delays=delays
+            row,
+            bed,
+            verdict,
+            retries=claim.spec.retries,
+            store=store,
+            delays=delays,
+            policy=policy,
         )
         if sweep is not None and claim.spec.stop and outcome is not None:
             # A final outcome may complete a pair: the anytime-valid test looks (rules: stopping).

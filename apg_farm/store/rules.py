@@ -17,8 +17,15 @@ from __future__ import annotations
 from sqlalchemy import exists, func, select, update
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import COUNTED, Outcome, Verdict
-from apg_farm.defaults import MAX_CONSECUTIVE_INFRA_ERRORS
+from apg_farm.contract import (
+    COUNTED,
+    DEFAULT_POLICY,
+    Outcome,
+    RetryPolicy,
+    Verdict,
+    counts_against_bed,
+    out_of_retries,
+)
 from apg_farm.store.db import Store, rowcount
 from apg_farm.store.models import (
     Attempt,
@@ -43,9 +50,11 @@ def settle(
     retries: int,
     store: Store,
     delays: tuple[float, float],
+    policy: RetryPolicy = DEFAULT_POLICY,
 ) -> tuple[Outcome | None, str | None]:
     """Apply a verdict to the attempt and the bed: (final outcome or None if requeued, the
-    quarantine reason when the bed failed too often in a row)."""
+    quarantine reason when the bed failed too often in a row). What each decision is comes from
+    the retry policy (contract/retries.py); this writes it to the rows."""
     row.bed_id = None
     row.lease_expires_at = None
     if verdict.provider_trouble is not None:
@@ -63,20 +72,11 @@ def settle(
         assert verdict.outcome is not None
         return done(row, verdict.outcome, verdict.reason), None
     row.infra_failures += 1
-    if not verdict.claim:
-        # A claim believed without the farm's own check of the bed failing (the run's word, an
-        # unchanged site, the start window) is no failure of the bed: an agent can print one
-        # on every run, and counting it would let one model take the pool out.
+    if counts_against_bed(verdict):
         bed.consecutive_errors += 1
-    in_a_row = None
-    if bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
-        in_a_row = (
-            f"{bed.consecutive_errors} infrastructure failures in a row; last: {verdict.reason}"
-        )
-    if row.infra_failures > retries:
-        # A last try that was a believed claim (a start failure the agent could have written)
-        # does not take the attempt out of the denominator: it is scored.
-        outcome = Outcome.NO_ATTEMPT if verdict.claim else Outcome.ERROR
+    in_a_row = policy.quarantine_in_a_row(bed.consecutive_errors, verdict.reason)
+    outcome = out_of_retries(verdict, row.infra_failures, retries)
+    if outcome is not None:
         return done(row, outcome, f"{verdict.reason} (after {row.infra_failures} tries)"), in_a_row
     row.state = AttemptState.QUEUED
     row.excluded_beds = sorted({*(row.excluded_beds or []), bed.id})
@@ -177,7 +177,7 @@ def finish_draining(session: Session, bed: Bed) -> bool:
     return True
 
 
-def count_lost_try(session: Session, bed_id: int) -> None:
+def count_lost_try(session: Session, bed_id: int, policy: RetryPolicy = DEFAULT_POLICY) -> None:
     """A claim of this bed expired (its worker or link died): one more failure in a row."""
     bed = session.get(Bed, bed_id)
     if bed is None:
@@ -185,11 +185,10 @@ def count_lost_try(session: Session, bed_id: int) -> None:
     bed.consecutive_errors += 1
     # Its worker is gone: the phase it last started runs no more (or nobody watches it).
     bed.phase, bed.phase_started_at = None, None
-    if bed.state == BedState.ACTIVE and bed.consecutive_errors >= MAX_CONSECUTIVE_INFRA_ERRORS:
+    lost = policy.lost_in_a_row(bed.consecutive_errors)
+    if bed.state == BedState.ACTIVE and lost is not None:
         bed.state = BedState.QUARANTINED
-        bed.state_reason = (
-            f"{bed.consecutive_errors} attempts lost in a row (its worker or link keeps dying)"
-        )
+        bed.state_reason = lost
         session.add(BedEvent(bed_id=bed.id, kind="quarantined", detail=bed.state_reason))
 
 

@@ -97,6 +97,13 @@ def _imports(top: str) -> list[Import]:
     return [i for i in found if i.target.split(".")[0] in OURS]
 
 
+def _plant(root: Path, files: dict[str, str]) -> None:
+    """A scratch tree for a check to read: each file (its folders made) with its text."""
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+
+
 def _where(imp: Import) -> str:
     return f"{imp.path.relative_to(ROOT)}:{imp.line}"
 
@@ -275,17 +282,128 @@ def test_the_lifecycle_check_names_an_offender(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
-    (tmp_path / "apg_farm/beds").mkdir(parents=True)
-    (tmp_path / "apg_farm/beds/inventory.py").write_text(
-        "def drop(session, bed, attempt):\n"
-        "    bed.state = 'removed'\n"
-        "    attempt.outcome, attempt.reason = 'ERROR', 'x'\n"
-        "    session.execute(update(Execution).values(result='LOST'))\n"
+    _plant(
+        tmp_path,
+        {
+            "apg_farm/beds/inventory.py": "def drop(session, bed, attempt):\n"
+            "    bed.state = 'removed'\n"
+            "    attempt.outcome, attempt.reason = 'ERROR', 'x'\n"
+            "    session.execute(update(Execution).values(result='LOST'))\n",
+            "apg_farm/store/lifecycle.py": "def f(bed):\n    bed.state = 'ok'\n",
+        },
     )
-    (tmp_path / "apg_farm/store").mkdir(parents=True)
-    (tmp_path / "apg_farm/store/lifecycle.py").write_text("def f(bed):\n    bed.state = 'ok'\n")
     assert lifecycle_writes(("apg_farm",)) == [
         "apg_farm/beds/inventory.py:2: sets .state",
         "apg_farm/beds/inventory.py:3: sets .outcome",
         "apg_farm/beds/inventory.py:4: update(Execution)",
     ]
+
+
+#: The module where every retry decision is made, and the one value holding its numbers.
+RETRY_POLICY = "apg_farm/contract/retries.py"
+#: Names the policy's numbers went by before they were gathered there (issue #33).
+RETRY_ALIASES = {"AGENT_START_SECONDS": "start_window"}
+#: Numbers under a policy name that are no policy default, each with why: handed in as overrides.
+RETRY_OVERRIDES = {
+    # The attack demo's time-scaled beds need a shorter start window (cli/attacks.py).
+    ("apg_farm/cli/attacks.py", "START_WINDOW"),
+}
+
+
+def _policy_names() -> dict[str, str]:
+    """Each name a policy number may be defined under (the field, upper or lower case, or an old
+    alias), mapped to its field of RetryPolicy."""
+    from dataclasses import fields
+
+    from apg_farm.contract import RetryPolicy
+
+    names = {f.name: f.name for f in fields(RetryPolicy)}
+    names |= {f.name.upper(): f.name for f in fields(RetryPolicy)}
+    return names | RETRY_ALIASES
+
+
+def _number(node: ast.expr | None) -> bool:
+    """A numeric literal, or Field(default=<numeric literal>)."""
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int | float) and not isinstance(node.value, bool)
+    if isinstance(node, ast.Call):
+        given = [k.value for k in node.keywords if k.arg == "default"] + node.args[:1]
+        return any(_number(value) for value in given)
+    return False
+
+
+def retry_constants(tops: tuple[str, ...] = CHECKED) -> list[str]:
+    """Numbers of the retry policy defined outside contract/retries.py: a module or class
+    constant, a field default or a parameter default under one of its names."""
+    names = _policy_names()
+    offenders: list[tuple[str, int, str]] = []
+    for top in tops:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative == RETRY_POLICY:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                found: list[tuple[str, ast.expr | None]] = []
+                if isinstance(node, ast.Assign):
+                    found = [(t.id, node.value) for t in node.targets if isinstance(t, ast.Name)]
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    found = [(node.target.id, node.value)]
+                elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    arguments = node.args
+                    positional = [*arguments.posonlyargs, *arguments.args]
+                    found = [
+                        (a.arg, d)
+                        for a, d in zip(
+                            positional[len(positional) - len(arguments.defaults) :],
+                            arguments.defaults,
+                            strict=True,
+                        )
+                    ]
+                    found += [
+                        (a.arg, d)
+                        for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True)
+                    ]
+                for name, value in found:
+                    if name in names and _number(value) and (relative, name) not in RETRY_OVERRIDES:
+                        line = value.lineno if value else node.lineno
+                        offenders.append(
+                            (
+                                relative,
+                                line,
+                                f"{relative}:{line}: {name} is RetryPolicy.{names[name]}: define "
+                                f"it only in {RETRY_POLICY} and hand the policy in",
+                            )
+                        )
+    return [message for _, _, message in sorted(offenders)]
+
+
+def test_the_retry_policys_numbers_are_defined_only_in_its_module() -> None:
+    """Leases, back-offs, retries, hand-backs, deliveries and failures in a row are fields of
+    RetryPolicy (contract/retries.py), nowhere else: no second default to drift from it."""
+    assert retry_constants() == []
+
+
+def test_the_retry_check_names_an_offender(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    _plant(
+        tmp_path,
+        {
+            "apg_farm/workers/tasks.py": "HAND_BACK_DELAY = 1.0\n"
+            "class S:\n"
+            "    lease_seconds: float = Field(default=60.0, gt=0)\n"
+            "def run(*, provider_retries: int = 3, other: int = 3) -> None: ...\n"
+            "AGENT_START_SECONDS = 60.0\n"
+            "HAND_BACK_LIMIT = POLICY.hand_back_limit\n",
+            "apg_farm/contract/retries.py": "HAND_BACK_LIMIT = 10\n",
+        },
+    )
+    found = retry_constants(("apg_farm",))
+    assert [f.split(" is ")[0] for f in found] == [
+        "apg_farm/workers/tasks.py:1: HAND_BACK_DELAY",
+        "apg_farm/workers/tasks.py:3: lease_seconds",
+        "apg_farm/workers/tasks.py:4: provider_retries",
+        "apg_farm/workers/tasks.py:5: AGENT_START_SECONDS",
+    ]
+    assert "RetryPolicy.hand_back_delay: define it only in apg_farm/contract/retries.py" in found[0]

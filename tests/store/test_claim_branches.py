@@ -14,8 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from apg_farm.contract import UNFINGERPRINTED, Outcome, Verdict
-from apg_farm.defaults import EXTRA_DELIVERIES, MAX_CONSECUTIVE_INFRA_ERRORS
+from apg_farm.contract import DEFAULT_POLICY, UNFINGERPRINTED, Outcome, Verdict
 from apg_farm.scheduler import submit
 from apg_farm.specs import parse_sweep
 from apg_farm.store import (
@@ -32,11 +31,15 @@ from apg_farm.store import (
     requeue_expired,
     utcnow,
 )
-from apg_farm.store.claims import HAND_BACK_LIMIT
 from apg_farm.workers import AttemptEngine
 from apg_farm.workers.engine import BedInfo, _Attempt
 from tests.support.rows import add_bed
 from tests.support.simbeds import make_beds, spec
+
+#: The retry policy's numbers these tests bound (contract/retries.py).
+EXTRA_DELIVERIES = DEFAULT_POLICY.extra_deliveries
+MAX_CONSECUTIVE_INFRA_ERRORS = DEFAULT_POLICY.max_consecutive_infra_errors
+HAND_BACK_LIMIT = DEFAULT_POLICY.hand_back_limit
 
 
 def _bed(store: Store, name: str) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from apg_farm.contract import Why
 from apg_farm.errors import BadInput
 from apg_farm.scheduler import submit
 from apg_farm.specs import SweepSpec, pool_key
@@ -19,7 +20,6 @@ from apg_farm.store import (
     Refusal,
     Store,
     Sweep,
-    Why,
     cancel_attempt,
     cancel_sweep,
     claim,

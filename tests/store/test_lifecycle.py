@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from apg_farm.contract import Outcome
+from apg_farm.contract import Outcome, Why
 from apg_farm.scheduler import submit
 from apg_farm.store import (
     Attempt,
@@ -22,7 +22,6 @@ from apg_farm.store import (
     Store,
     Sweep,
     SweepState,
-    Why,
     cancel_sweep,
     claim,
     claim_next,

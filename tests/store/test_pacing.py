@@ -312,7 +312,9 @@ def test_an_agent_faking_outages_gets_few_retries(
 ) -> None:
     """Faked trouble on an unchanged site is believed only PROVIDER_RETRIES times; after that
     the run is judged as usual (here: nothing built, so it fails)."""
-    from apg_farm.defaults import PROVIDER_RETRIES
+    from apg_farm.contract import DEFAULT_POLICY
+
+    PROVIDER_RETRIES = DEFAULT_POLICY.provider_retries
 
     (bed,) = make_beds(store, tmp_path, 1)
     _outage([Path(bed.approot)], [M0], 3600)

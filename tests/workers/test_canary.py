@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from apg_farm.contract import Why
 from apg_farm.errors import BadInput
 from apg_farm.fixtures import simbed
 from apg_farm.results import find_sweep, sweep_report
@@ -29,7 +30,6 @@ from apg_farm.store import (
     Phase,
     Refusal,
     Store,
-    Why,
     check_canary_config,
     claim,
     hold_for_canary,
