@@ -18,8 +18,6 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from apg_farm.store.db import Store
@@ -40,9 +38,8 @@ def unpaused() -> ColumnElement[bool]:
 
 
 def _gate(store: Store, session: Session, model: str) -> ClaimGate:
-    insert = sqlite_insert if store.is_sqlite else pg_insert
     session.execute(
-        insert(ClaimGate).values(model=model).on_conflict_do_nothing(index_elements=["model"])
+        store.upsert(ClaimGate).values(model=model).on_conflict_do_nothing(index_elements=["model"])
     )
     query = select(ClaimGate).where(ClaimGate.model == model)
     return session.scalars(query if store.is_sqlite else query.with_for_update()).one()

@@ -256,6 +256,18 @@ class Store:
             fix="create one with `apg-farm db upgrade`, or check APG_FARM_DATABASE_URL and APG_FARM_HOME",
         )
 
+    def upsert(self, table: Any) -> Any:
+        """`INSERT INTO table` in this store's dialect, which has ON CONFLICT. Imported here, not
+        at the top of its callers: SQLAlchemy's PostgreSQL dialect is a fifth of its import, and
+        a SQLite process never needs it (#31)."""
+        if self.is_sqlite:
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            return sqlite_insert(table)
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+
     def safe_url(self) -> str:
         """The URL with any password hidden, for messages and logs."""
         return make_url(self.url).render_as_string(hide_password=True)

@@ -22,8 +22,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, false, func, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from apg_farm.store.db import Store
@@ -198,9 +196,8 @@ def ensure_gates(store: Store, session: Session, models: Iterable[str]) -> None:
     wanted = sorted(set(models))
     if not wanted:
         return
-    insert = sqlite_insert if store.is_sqlite else pg_insert
     session.execute(
-        insert(ModelGate)
+        store.upsert(ModelGate)
         .values([{"model": model, "trips": 0} for model in wanted])
         .on_conflict_do_nothing(index_elements=["model"])
     )
@@ -219,10 +216,9 @@ def add_spend(store: Store, session: Session, sweep_id: int, cost: float | None)
         .values(spent_usd=Sweep.spent_usd + cost)
         .execution_options(synchronize_session=False)
     )
-    insert = sqlite_insert if store.is_sqlite else pg_insert
     # Keys in sorted order ("day:…" before "total"): every finisher locks them in one order.
     for key in sorted((day_key(db_time(store, session)), TOTAL)):
-        statement = insert(Spend).values(key=key, spent_usd=cost)
+        statement = store.upsert(Spend).values(key=key, spent_usd=cost)
         session.execute(
             statement.on_conflict_do_update(
                 index_elements=["key"], set_={"spent_usd": Spend.spent_usd + cost}

@@ -330,6 +330,8 @@ def test_read_commands_import_only_what_they_read(tmp_path: Path) -> None:
             "apg_farm.transports",
         )
         assert not [m for m in loaded if m.startswith(wings)], args
+        # A SQLite store needs no PostgreSQL dialect (models.py, the running-bed index).
+        assert "sqlalchemy.dialects.postgresql" not in loaded, args
     listing = _loaded_by(home, "sweep", "list")
     assert "apg_farm.results.listing" in listing
     assert not {"apg_farm.results.analysis", "apg_farm.store.claims"} & listing
