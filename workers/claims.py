@@ -116,7 +116,7 @@ def judge_run_claim(attempt: _Attempt, verdict: Verdict) -> Verdict:
         findings,
         site=site,
         run_seconds=attempt.run_seconds,
-        window=attempt.engine.start_window,
+        window=attempt.engine.policy.start_window,
     )
 
 

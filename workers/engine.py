@@ -278,11 +278,6 @@ class AttemptEngine:
             provider_backoff_max=ceiling,
             start_window=start_window,
         )
-        self.lease_seconds = self.policy.lease_seconds
-        #: (base, ceiling) of the provider back-off.
-        self.backoff = self.policy.backoff
-        #: Seconds a run claiming its adapter never started may take and still be believed.
-        self.start_window = self.policy.start_window
         with store.session() as session:
             bed = session.scalar(select(Bed).where(Bed.name == bed_name))
             if bed is None:
@@ -337,7 +332,7 @@ class AttemptEngine:
             lambda: claim(
                 self.store,
                 self.bed_id,
-                lease_seconds=self.lease_seconds,
+                lease_seconds=self.policy.lease_seconds,
                 worker=self.worker,
                 sweep_id=sweep_id,
                 attempt_id=attempt_id,
@@ -360,7 +355,7 @@ class AttemptEngine:
         # A read, safe to repeat: a connection lost right after the claim costs a retry here too.
         bed = replace(self.store.retrying(read_bed), agent_stopped=claim.agent_stopped)
         attempt = _Attempt(self, bed, claim, harness)
-        with _Lease(self.store, claim, self.lease_seconds) as lease:
+        with _Lease(self.store, claim, self.policy.lease_seconds) as lease:
             attempt.lease = lease
             try:
                 verdict = attempt.execute()
@@ -387,7 +382,7 @@ class AttemptEngine:
         """Record the verdict (the lifecycle's one transaction), only if this bed still holds
         the attempt."""
         recorded = record_verdict(
-            self.store, claim, attempt.evidence(), verdict, delays=self.backoff, policy=self.policy
+            self.store, claim, attempt.evidence(), verdict, policy=self.policy
         )
         return AttemptReport(
             claim, recorded.verdict, recorded.outcome, attempt.run_id, lost=recorded.lost

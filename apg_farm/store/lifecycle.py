@@ -179,7 +179,6 @@ def record_verdict(
     evidence: Evidence,
     verdict: Verdict,
     *,
-    delays: tuple[float, float],
     policy: RetryPolicy = DEFAULT_POLICY,
 ) -> Recorded:
     """Record an execution's end in one transaction, only if its bed still holds the attempt:
@@ -231,7 +230,6 @@ def record_verdict(
             verdict,
             retries=claim.spec.retries,
             store=store,
-            delays=delays,
             policy=policy,
         )
         if sweep is not None and claim.spec.stop and outcome is not None:
@@ -255,7 +253,7 @@ def record_verdict(
             probe=claim.probe,
             verdict=verdict,
             execution=execution,
-            delays=delays,
+            policy=policy,
         )
         quarantine(session, bed, [*reasons, *([in_a_row] if in_a_row else [])])
         finish_draining(session, bed)

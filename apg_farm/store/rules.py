@@ -49,7 +49,6 @@ def settle(
     *,
     retries: int,
     store: Store,
-    delays: tuple[float, float],
     policy: RetryPolicy = DEFAULT_POLICY,
 ) -> tuple[Outcome | None, str | None]:
     """Apply a verdict to the attempt and the bed: (final outcome or None if requeued, the
@@ -61,7 +60,7 @@ def settle(
         # The provider failed, not the bed nor the model: the bed's count does not move, the
         # attempt may go back to this very bed, and it waits out a back-off.
         row.provider_failures += 1
-        wait = backoff(row.provider_failures, *delays)
+        wait = backoff(row.provider_failures, *policy.backoff)
         # On the store's clock, the one the claim compares it with.
         row.not_before = store.now_plus(wait)
         row.state = AttemptState.QUEUED
@@ -117,7 +116,7 @@ def pace_model(
     probe: bool,
     verdict: Verdict,
     execution: Execution,
-    delays: tuple[float, float],
+    policy: RetryPolicy = DEFAULT_POLICY,
 ) -> None:
     """Provider trouble opens the model's breaker; a probe that ran without it closes it; a
     run judged without trouble ends the model's believed outage (pacing.believe_outage), and one
@@ -129,8 +128,8 @@ def pace_model(
             model,
             trouble=verdict.provider_trouble,
             detail=verdict.reason,
-            base=delays[0],
-            ceiling=delays[1],
+            base=policy.backoff[0],
+            ceiling=policy.backoff[1],
             probe=probe,
         )
         return

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from apg_farm.beds import get_bed
-from apg_farm.contract import Outcome, Verdict
+from apg_farm.contract import Outcome, RetryPolicy, Verdict
 from apg_farm.dashboard.data import sweeps_overview
 from apg_farm.errors import BadInput
 from apg_farm.scheduler import pool_shares, submit
@@ -50,7 +50,7 @@ def _claim(store: Store, beds: list[str], count: int) -> list[int]:
             taken,
             Evidence(),
             Verdict("final", "test", Outcome.PASSED),
-            delays=(1.0, 1.0),
+            policy=RetryPolicy(provider_backoff=1.0, provider_backoff_max=1.0),
         )
     return sweeps
 

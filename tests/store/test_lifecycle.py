@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from apg_farm.contract import Outcome, Why
+from apg_farm.contract import Outcome, RetryPolicy, Why
 from apg_farm.scheduler import submit
 from apg_farm.store import (
     Attempt,
@@ -170,7 +170,8 @@ def test_provider_trouble_leaves_the_beds_failures_in_a_row_alone(tmp_path: Path
     row = Attempt(provider_failures=0, infra_failures=0, excluded_beds=[])
     bed = Bed(id=7, consecutive_errors=2, state=BedState.ACTIVE)
     verdict = Verdict("retry", "429 from the provider", provider_trouble="rate_limited")
-    assert settle(row, bed, verdict, retries=2, store=store, delays=(1.0, 2.0)) == (None, None)
+    backoff = RetryPolicy(provider_backoff=1.0, provider_backoff_max=2.0)
+    assert settle(row, bed, verdict, retries=2, store=store, policy=backoff) == (None, None)
     assert bed.consecutive_errors == 2
     assert row.state == AttemptState.QUEUED and row.provider_failures == 1
     assert row.infra_failures == 0 and row.excluded_beds == []
