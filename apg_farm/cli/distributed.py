@@ -38,6 +38,14 @@ def require_broker() -> tuple[Settings, str]:
     return settings, settings.broker_url
 
 
+def lease_of(settings: Settings) -> float:
+    """The lease the workers hold (the policy's, or APG_FARM_LEASE_SECONDS): how long the
+    reconciler leaves a message unacked before it counts as lost."""
+    from apg_farm.contract import RetryPolicy
+
+    return RetryPolicy.from_settings(settings).lease_seconds
+
+
 def broker_configured() -> bool:
     from apg_farm.settings import load_settings
 
@@ -66,7 +74,6 @@ def dispatch(store: Store) -> str:
     from kombu.exceptions import KombuError
     from redis.exceptions import RedisError
 
-    from apg_farm.contract import RetryPolicy
     from apg_farm.scheduler import reconcile
     from apg_farm.workers import make_app
 
@@ -76,7 +83,7 @@ def dispatch(store: Store) -> str:
             store,
             make_app(settings),
             broker_url,
-            unacked_grace=RetryPolicy.from_settings(settings).lease_seconds,
+            unacked_grace=lease_of(settings),
         ).describe()
     except (RedisError, KombuError, OSError) as error:
         raise FarmError(
@@ -146,7 +153,6 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from apg_farm.contract import RetryPolicy
     from apg_farm.scheduler import reconcile
     from apg_farm.settings import load_settings
     from apg_farm.store import stopped_by_budget
@@ -200,7 +206,7 @@ def wait_for_sweep(store: Store, sweep_id: int) -> bool:
                     store,
                     app,
                     broker_url,
-                    unacked_grace=RetryPolicy.from_settings(settings).lease_seconds,
+                    unacked_grace=lease_of(settings),
                 )
                 last_reconcile = time.monotonic()
             time.sleep(0.5)
@@ -396,7 +402,6 @@ def scheduler_cmd(
     interval: Annotated[float | None, typer.Option(help="Seconds between passes.")] = None,
 ) -> None:
     """Reconcile the broker with the store in a loop: expired leases, lost or missing messages."""
-    from apg_farm.contract import RetryPolicy
     from apg_farm.scheduler import reconcile
     from apg_farm.workers import make_app
 
@@ -419,7 +424,7 @@ def scheduler_cmd(
                 store,
                 app,
                 broker_url,
-                unacked_grace=RetryPolicy.from_settings(settings).lease_seconds,
+                unacked_grace=lease_of(settings),
             )
             # One line per pass, even an idle one: a quiet scheduler is a live one.
             log.info("pass %d: %s (%.2f s)", passes, result.pass_line(), time.monotonic() - started)
